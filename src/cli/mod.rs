@@ -1,0 +1,47 @@
+//! Command-line front end: flags in, tables and text out, no logic of its own.
+
+mod data;
+mod generate;
+mod model;
+
+use clap::{Parser, Subcommand};
+
+/// Tree-GRPO rollouts for LLM agents on a KV cache that forks shared prefixes.
+#[derive(Debug, Parser)]
+#[command(name = "treegrpo", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Manage models (fetch the default model, show a model's config).
+    #[command(subcommand)]
+    Model(model::ModelCommand),
+    /// Generate a completion for one prompt.
+    Generate(generate::GenerateArgs),
+    /// Generate data sets for the built-in environments.
+    #[command(subcommand)]
+    Data(data::DataCommand),
+}
+
+pub fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Model(c) => model::run(c),
+        Command::Generate(a) => generate::run(a),
+        Command::Data(c) => data::run(c),
+    }
+}
+
+/// Loads `--model`, or the default model (fetched on first use).
+pub(crate) fn load_model(
+    path: Option<&std::path::Path>,
+) -> anyhow::Result<treegrpo::model::LoadedModel> {
+    let path = match path {
+        Some(p) => p.to_path_buf(),
+        None => treegrpo::model::fetch::ensure_default_model(&mut |msg| eprintln!("{msg}"))?,
+    };
+    Ok(treegrpo::model::LoadedModel::load(&path)?)
+}

@@ -1,0 +1,121 @@
+//! Generation of one sequence over a dense KV store: what `treegrpo generate` runs.
+
+use crate::model::{
+    BatchSeq, DenseKvStore, ForwardBatch, LogitsWanted, Model, ModelError, TokenId,
+};
+
+use super::rng::SeqRng;
+use super::sampling::{sample, SampledToken, Sampling};
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<TokenId>,
+    pub max_new_tokens: usize,
+    pub sampling: Sampling,
+    pub seed: u64,
+    /// Tokens that end the generation (not included in the output).
+    pub stop_tokens: Vec<TokenId>,
+    /// Prompt tokens computed per forward; bounds activation memory on long prompts.
+    pub prefill_chunk: usize,
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    StopToken,
+    MaxTokens,
+    ContextFull,
+}
+
+/// The generated tokens with their logprobs.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub tokens: Vec<SampledToken>,
+    pub stop: StopReason,
+}
+
+/// Prefills the prompt, then decodes one token per forward until a stop condition.
+pub fn generate(model: &Model, req: &GenerateRequest) -> Result<Generation, ModelError> {
+    let cfg = model.config();
+    if req.prompt.is_empty() {
+        return Err(ModelError::Tokenizer("empty prompt".into()));
+    }
+    if req.prompt.len() >= cfg.max_position_embeddings {
+        return Err(ModelError::ContextOverflow {
+            tokens: req.prompt.len(),
+            max: cfg.max_position_embeddings,
+        });
+    }
+    let mut kv = DenseKvStore::new(cfg.num_layers, cfg.kv_dim());
+    let slot = kv.add_sequence();
+    let mut rng = SeqRng::new(req.seed);
+    let chunk = req.prefill_chunk.max(1);
+    let mut logits = Vec::new();
+    for (i, part) in req.prompt.chunks(chunk).enumerate() {
+        let last = (i + 1) * chunk >= req.prompt.len();
+        let out = model.forward(
+            &ForwardBatch {
+                seqs: vec![BatchSeq {
+                    slot,
+                    start: i * chunk,
+                    tokens: part.to_vec(),
+                    logits: if last {
+                        LogitsWanted::Last
+                    } else {
+                        LogitsWanted::None
+                    },
+                }],
+            },
+            &mut kv,
+        )?;
+        if last {
+            logits = out
+                .into_iter()
+                .next()
+                .and_then(|s| s.rows.into_iter().next())
+                .unwrap_or_default();
+        }
+    }
+    let mut tokens = Vec::new();
+    let mut pos = req.prompt.len();
+    loop {
+        if tokens.len() >= req.max_new_tokens {
+            return Ok(Generation {
+                tokens,
+                stop: StopReason::MaxTokens,
+            });
+        }
+        let next = sample(&logits, &req.sampling, &mut rng);
+        if req.stop_tokens.contains(&next.token) {
+            return Ok(Generation {
+                tokens,
+                stop: StopReason::StopToken,
+            });
+        }
+        tokens.push(next);
+        if pos + 1 >= cfg.max_position_embeddings {
+            return Ok(Generation {
+                tokens,
+                stop: StopReason::ContextFull,
+            });
+        }
+        let out = model.forward(
+            &ForwardBatch {
+                seqs: vec![BatchSeq {
+                    slot,
+                    start: pos,
+                    tokens: vec![next.token],
+                    logits: LogitsWanted::Last,
+                }],
+            },
+            &mut kv,
+        )?;
+        pos += 1;
+        logits = out
+            .into_iter()
+            .next()
+            .and_then(|s| s.rows.into_iter().next())
+            .unwrap_or_default();
+    }
+}

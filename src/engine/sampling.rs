@@ -1,0 +1,113 @@
+//! Choosing the next token from logits.
+//!
+//! The logprob returned with each token is the natural log of its probability under
+//! `softmax(logits / temperature)` over the *whole* vocabulary, before top-k / top-p
+//! truncation: that is the behaviour policy's probability a PPO ratio needs when the
+//! trainer recomputes logprobs without truncation (verl does). Greedy uses
+//! temperature 1.
+
+use super::rng::SeqRng;
+use crate::model::TokenId;
+
+/// How to pick the next token.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum Sampling {
+    /// Always the most likely token (ties: the lowest id).
+    Greedy,
+    /// Sample from `softmax(logits / temperature)`, optionally truncated.
+    Random {
+        temperature: f32,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+    },
+}
+
+impl Sampling {
+    /// Greedy for no or non-positive temperature, else plain sampling.
+    pub fn from_temperature(t: Option<f32>) -> Self {
+        match t {
+            Some(t) if t > 0.0 => Sampling::Random {
+                temperature: t,
+                top_k: None,
+                top_p: None,
+            },
+            _ => Sampling::Greedy,
+        }
+    }
+}
+
+/// A sampled token and its logprob (see the module docs for which distribution).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampledToken {
+    pub token: TokenId,
+    pub logprob: f32,
+}
+
+/// Log-sum-exp of `logits / temperature`, computed in f64 for a stable logprob.
+fn log_normaliser(logits: &[f32], temperature: f32) -> (f64, f64) {
+    let inv_t = 1.0 / temperature as f64;
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &l| m.max(l as f64 * inv_t));
+    let sum: f64 = logits.iter().map(|&l| (l as f64 * inv_t - max).exp()).sum();
+    (max + sum.ln(), inv_t)
+}
+
+/// Picks the next token.
+pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledToken {
+    match *sampling {
+        Sampling::Greedy => {
+            let mut best = 0usize;
+            for (i, &l) in logits.iter().enumerate() {
+                if l > logits[best] {
+                    best = i;
+                }
+            }
+            let (lse, _) = log_normaliser(logits, 1.0);
+            SampledToken {
+                token: best as TokenId,
+                logprob: (logits[best] as f64 - lse) as f32,
+            }
+        }
+        Sampling::Random {
+            temperature,
+            top_k,
+            top_p,
+        } => {
+            let (lse, inv_t) = log_normaliser(logits, temperature);
+            let logprob = |i: usize| logits[i] as f64 * inv_t - lse;
+            // Candidates sorted by probability (ties by id, for determinism).
+            let mut idx: Vec<usize> = (0..logits.len()).collect();
+            idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+            if let Some(k) = top_k.filter(|&k| k > 0) {
+                idx.truncate(k);
+            }
+            if let Some(p) = top_p.filter(|&p| p < 1.0) {
+                let mut mass = 0.0;
+                let mut keep = 0;
+                for &i in &idx {
+                    mass += logprob(i).exp();
+                    keep += 1;
+                    if mass >= p as f64 {
+                        break;
+                    }
+                }
+                idx.truncate(keep.max(1));
+            }
+            let total: f64 = idx.iter().map(|&i| logprob(i).exp()).sum();
+            let mut u = rng.next_f64() * total;
+            let mut chosen = idx[idx.len() - 1];
+            for &i in &idx {
+                u -= logprob(i).exp();
+                if u < 0.0 {
+                    chosen = i;
+                    break;
+                }
+            }
+            SampledToken {
+                token: chosen as TokenId,
+                logprob: logprob(chosen) as f32,
+            }
+        }
+    }
+}

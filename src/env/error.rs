@@ -1,0 +1,48 @@
+//! Errors of the env layer.
+//!
+//! Only misuse is an error: unreadable or malformed data files, an invalid
+//! configuration, stepping an episode that already ended. Everything an agent
+//! can cause during an episode (an invalid action, the turn limit, a tool that
+//! fails or hangs) is data in the episode, never an `Err`, because the rollout
+//! layer must be able to score any trajectory the model produces.
+
+use std::path::PathBuf;
+
+use crate::env::ids::SampleId;
+
+/// Misuse of the env layer.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    /// A data file could not be read or written.
+    #[error("cannot {op} {}: {source}", .path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// One line of a JSONL data file is not a valid record.
+    #[error("{}:{line}: {reason}", .path.display())]
+    BadRecord {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    /// A configuration value (tags, sizes, limits) is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// `step` was called on an episode that already ended.
+    #[error("episode of sample {0} is already finished")]
+    EpisodeFinished(SampleId),
+}
+
+/// A tool's own failure. The environment turns it into observation text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    /// The input (query, expression) was rejected.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// The tool failed for its own reasons (backend down, I/O, ...).
+    #[error("{0}")]
+    Failed(String),
+}

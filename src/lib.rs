@@ -1,0 +1,19 @@
+//! # treegrpo
+//!
+//! Tree-GRPO rollouts for LLM agents on an inference engine whose KV cache keeps each
+//! tree's shared prefix as pinned blocks and forks decoding at step boundaries, so no
+//! prefix token is computed twice.
+//!
+//! The source tree reads in pipeline order, each layer importing only the ones below it:
+//!
+//! 1. [`model`] — config, GGUF / safetensors weights, tokenizer, chat template, decoder forward.
+//! 2. [`engine`] — sampling and the sequence handles the rest of the product drives.
+//! 3. [`env`] — agent environments: the step protocol, tools, rewards, data sets.
+//! 4. [`advantage`] — group-relative advantages over finished forests (pure math).
+//!
+//! See `ARCHITECTURE.md` for the invariants and where to change what.
+
+pub mod advantage;
+pub mod engine;
+pub mod env;
+pub mod model;

@@ -1,0 +1,98 @@
+//! The architecture description both loaders produce, so the forward pass never needs
+//! to know which file format the weights came from.
+
+use serde::{Deserialize, Serialize};
+
+/// Decoder families the forward pass implements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Architecture {
+    /// Llama, SmolLM, Mistral: no attention biases.
+    Llama,
+    /// Qwen2: biases on the q/k/v projections.
+    Qwen2,
+}
+
+/// How RoPE pairs the dimensions of a head.
+///
+/// llama.cpp's converter permutes the Q/K weights of `llama` models so that adjacent
+/// dimensions form a rotation pair; HF checkpoints (and llama.cpp's `qwen2`, which it
+/// runs in "neox" mode) rotate dimension `i` with `i + head_dim/2`. Using the wrong
+/// one gives plausible-looking but wrong logits, so it is part of the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RopeStyle {
+    /// Pairs `(2i, 2i+1)`: GGUF files of the llama architecture.
+    Interleaved,
+    /// Pairs `(i, i + d/2)`: HF safetensors, and GGUF `qwen2`.
+    HalfSplit,
+}
+
+/// Everything the forward pass needs to know about the network's shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+}
+
+impl ModelConfig {
+    /// Width of one token's keys (or values) across all KV heads.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Width of one token's queries across all heads.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Bytes of KV cache one token occupies across all layers at f32.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.num_layers * self.kv_dim() * std::mem::size_of::<f32>()
+    }
+
+    /// Checks the relations the forward pass relies on; `what` names the source in errors.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        if self.num_heads % self.num_kv_heads != 0 {
+            return Err(format!(
+                "num_heads ({}) is not a multiple of num_kv_heads ({})",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(format!(
+                "head_dim ({}) must be even for RoPE",
+                self.head_dim
+            ));
+        }
+        if !(self.rope_theta > 0.0) {
+            return Err(format!("rope_theta ({}) must be positive", self.rope_theta));
+        }
+        Ok(())
+    }
+}

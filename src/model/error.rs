@@ -1,0 +1,53 @@
+//! The model layer's error type: every failure names the file and the problem.
+
+use std::path::PathBuf;
+
+/// Errors of the model layer. Loading errors carry the path of the file at fault so
+/// that a user can tell which of several files is broken.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a valid GGUF file: {msg}")]
+    CorruptGguf { path: PathBuf, msg: String },
+    #[error("{path}: unsupported architecture '{arch}' (supported: llama, mistral, qwen2)")]
+    UnsupportedArchitecture { path: PathBuf, arch: String },
+    #[error("{path}: bad or missing config value: {msg}")]
+    Config { path: PathBuf, msg: String },
+    #[error("{path}: missing tensor '{name}'")]
+    MissingTensor { path: PathBuf, name: String },
+    #[error("{path}: tensor '{name}' has shape {found:?} but the config implies {expected:?}")]
+    ShapeMismatch {
+        path: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error("{path}: no usable tokenizer: {msg}")]
+    MissingTokenizer { path: PathBuf, msg: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("sequence of {tokens} tokens does not fit the context window of {max} tokens")]
+    ContextOverflow { tokens: usize, max: usize },
+    #[error("KV store: {0}")]
+    KvStore(String),
+    #[error("model fetch: {0}")]
+    Fetch(String),
+    #[error("tensor op: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+impl ModelError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Picks the loader from the path: a `.gguf` file or an HF directory.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::chat::{ChatMessage, ChatTemplate};
+use super::error::ModelError;
+use super::forward::Model;
+use super::tokenizer::Tokenizer;
+use super::TokenId;
+
+/// A model ready to run: shared weights, tokenizer, chat template.
+#[derive(Debug)]
+pub struct LoadedModel {
+    pub model: Arc<Model>,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+    pub source: PathBuf,
+}
+
+impl LoadedModel {
+    /// Loads a `.gguf` file or an HF directory.
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        if !path.exists() {
+            return Err(ModelError::io(
+                path,
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or directory"),
+            ));
+        }
+        let (model, tokenizer, chat_template) = if path.is_dir() {
+            let m = super::safetensors::load(path)?;
+            (m.model, m.tokenizer, m.chat_template)
+        } else {
+            let m = super::gguf::load(path)?;
+            (m.model, m.tokenizer, m.chat_template)
+        };
+        if tokenizer.vocab_size() > model.config().vocab_size {
+            return Err(ModelError::Config {
+                path: path.to_path_buf(),
+                msg: format!(
+                    "tokenizer has {} tokens but the model's vocabulary is {}",
+                    tokenizer.vocab_size(),
+                    model.config().vocab_size
+                ),
+            });
+        }
+        Ok(LoadedModel {
+            model: Arc::new(model),
+            tokenizer,
+            chat_template,
+            source: path.to_path_buf(),
+        })
+    }
+
+    /// Renders `messages` with the chat template and tokenises the result, ready for
+    /// the assistant's reply.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, ModelError> {
+        let tmpl = self.chat_template.as_ref().ok_or_else(|| {
+            ModelError::Template(format!(
+                "{} has no chat template (use a raw prompt instead)",
+                self.source.display()
+            ))
+        })?;
+        let text = tmpl.render(messages, true)?;
+        self.tokenizer.encode_prompt(&text)
+    }
+}

