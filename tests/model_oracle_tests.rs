@@ -1,14 +1,17 @@
 //! Our decoder against an independent implementation: candle-transformers' quantised
 //! llama, run on the same GGUF file.
 //!
-//! Tolerance: both sides use candle's quantised matmul, which quantises each activation
-//! row to 8 bits before the dot products. Our RMSNorm, RoPE and attention are our own
-//! code with a different summation order, so activations differ in the last bits of
-//! f32; when such a difference moves a value across an 8-bit rounding boundary the
-//! quantised input changes by one step (about 1/127 of the row's max), and 30 layers
-//! compound that. We accept a max absolute logit difference of 0.25 on logits whose
-//! spread is ~20-30 units, require the same argmax at every position, and
-//! identical 32-token greedy continuations.
+//! candle runs in its `CANDLE_DEQUANTIZE_ALL` mode: every quantised weight is
+//! dequantised to f32 once and multiplied in f32. That is exactly the arithmetic our
+//! kernel performs (f32 activations against the same blocks' exact f32 values), so the
+//! two implementations may differ only by summation order. (candle's default CPU mode
+//! instead rounds every activation row to 8 bits before the matmul; against that mode
+//! logits move by about one unit and greedy answers change, so it is not an oracle.)
+//!
+//! Tolerance: 1e-3 absolute on logits that span 30-60 units. Differences in f32
+//! summation order are ~1e-6 relative per op; over 30 layers they stay below ~1e-3
+//! (measured worst case, printed by the test: 9e-5), so 1e-3 leaves room without hiding
+//! a real bug: a wrong RoPE pair or a swapped head moves logits by whole units.
 
 mod common;
 
@@ -23,9 +26,11 @@ const PROMPTS: [&str; 3] = [
     "Write a haiku about the sea.",
     "List three prime numbers greater than 10, separated by commas.",
 ];
-const TOLERANCE: f32 = 0.25;
+const TOLERANCE: f32 = 1e-3;
 
 fn candle_model(path: &std::path::Path) -> ModelWeights {
+    // Read per thread when candle first builds a QMatMul on it; set before loading.
+    std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
     let mut file = std::fs::File::open(path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
     ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap()

@@ -7,8 +7,6 @@
 //! KV state through the [`KvStore`] the caller owns. Weights are immutable: one
 //! `Model` is shared (`Arc`) by every sequence and thread.
 
-use candle_core::{Device, Tensor};
-
 use super::attention::{attend, AttentionShape, KvStore, SeqSpan};
 use super::config::ModelConfig;
 use super::error::ModelError;
@@ -135,10 +133,9 @@ impl Model {
         for (l, layer) in self.layers.iter().enumerate() {
             let mut h = x.clone();
             rms_norm(&mut h, &layer.attn_norm, cfg.rms_norm_eps);
-            let h = to_tensor(h, rows, hidden)?;
-            let mut q = to_vec(layer.q.forward(&h)?)?;
-            let mut k = to_vec(layer.k.forward(&h)?)?;
-            let v = to_vec(layer.v.forward(&h)?)?;
+            let mut q = layer.q.forward(&h, rows)?;
+            let mut k = layer.k.forward(&h, rows)?;
+            let v = layer.v.forward(&h, rows)?;
             for (r, &pos) in positions.iter().enumerate() {
                 self.rope.apply(&mut q[r * q_dim..][..q_dim], pos);
                 self.rope.apply(&mut k[r * kv_dim..][..kv_dim], pos);
@@ -156,20 +153,15 @@ impl Model {
                 }
             }
             let attn = attend(&*kv, l, &spans, &q, shape);
-            let o = to_vec(layer.o.forward(&to_tensor(attn, rows, q_dim)?)?)?;
+            let o = layer.o.forward(&attn, rows)?;
             add_into(&mut x, &o);
 
             let mut h = x.clone();
             rms_norm(&mut h, &layer.ffn_norm, cfg.rms_norm_eps);
-            let h = to_tensor(h, rows, hidden)?;
-            let mut g = to_vec(layer.gate.forward(&h)?)?;
-            let u = to_vec(layer.up.forward(&h)?)?;
+            let mut g = layer.gate.forward(&h, rows)?;
+            let u = layer.up.forward(&h, rows)?;
             swiglu(&mut g, &u);
-            let d = to_vec(
-                layer
-                    .down
-                    .forward(&to_tensor(g, rows, cfg.intermediate_size)?)?,
-            )?;
+            let d = layer.down.forward(&g, rows)?;
             add_into(&mut x, &d);
         }
 
@@ -199,24 +191,13 @@ impl Model {
             return Ok(out);
         }
         rms_norm(&mut wanted, &self.final_norm, cfg.rms_norm_eps);
-        let logits = to_vec(
-            self.lm_head
-                .forward(&to_tensor(wanted, owners.len(), hidden)?)?,
-        )?;
+        let logits = self.lm_head.forward(&wanted, owners.len())?;
         let vocab = self.lm_head.out_features();
         for (row, s) in logits.chunks_exact(vocab).zip(owners) {
             out[s].rows.push(row.to_vec());
         }
         Ok(out)
     }
-}
-
-fn to_tensor(data: Vec<f32>, rows: usize, cols: usize) -> Result<Tensor, ModelError> {
-    Ok(Tensor::from_vec(data, (rows, cols), &Device::Cpu)?)
-}
-
-fn to_vec(t: Tensor) -> Result<Vec<f32>, ModelError> {
-    Ok(t.flatten_all()?.to_vec1::<f32>()?)
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {

@@ -13,6 +13,7 @@ use super::error::ModelError;
 use super::forward::Model;
 use super::gguf_file::{read_content, read_tensor, Metadata};
 use super::linear::Linear;
+use super::quant::QuantMatrix;
 use super::tokenizer::{gguf_tokenizer, Tokenizer};
 use super::weights::{build_model, Role, TensorSource};
 
@@ -150,7 +151,10 @@ impl TensorSource for GgufSource<'_> {
     fn linear(&mut self, name: &str) -> Result<Linear, ModelError> {
         let t = read_tensor(&mut self.file, self.content, name, &self.path)?;
         let (out, inp) = t.shape().dims2()?;
-        Ok(Linear::quantized(QMatMul::from_qtensor(t)?, out, inp))
+        match QuantMatrix::from_qtensor(&t)? {
+            Some(q) => Ok(Linear::quant(q)),
+            None => Ok(Linear::candle(QMatMul::from_qtensor(t)?, out, inp)),
+        }
     }
 
     fn f32s(&mut self, name: &str) -> Result<Vec<f32>, ModelError> {

@@ -1,34 +1,45 @@
-//! A linear layer over either quantised (GGUF) or dense (safetensors) weights.
+//! A linear layer over quantised (GGUF) or dense (safetensors) weights.
 
 use candle_core::quantized::QMatMul;
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
 
 use super::error::ModelError;
+use super::quant::QuantMatrix;
 
-/// `y = x · Wᵀ + b` for `x: [rows, in]`, `W: [out, in]`.
-///
-/// Quantised weights go through candle's quantised matmul, which quantises each input
-/// row on its own and walks the weights per row: a row's result never depends on the
-/// other rows of the batch, which the engine's batch invariance relies on.
+/// `y = x · Wᵀ + b` for `x: [rows, in]`, `W: [out, in]`, on plain f32 slices.
 #[derive(Debug)]
 pub struct Linear {
     weight: LinearWeight,
-    bias: Option<Tensor>,
+    bias: Option<Vec<f32>>,
     in_features: usize,
     out_features: usize,
 }
 
 #[derive(Debug)]
 enum LinearWeight {
-    Quantized(QMatMul),
+    /// Q4_0 / Q4_1 / Q8_0 through our batched, batch-invariant kernel.
+    Quant(QuantMatrix),
+    /// Other quantised formats (K-quants) through candle's kernel, which is also
+    /// row-independent (it quantises and multiplies each row on its own).
+    Candle(QMatMul),
+    /// Dense f32 `[out, in]`.
     Dense(Tensor),
 }
 
 impl Linear {
-    /// Wraps a quantised `[out, in]` matrix.
-    pub fn quantized(weight: QMatMul, out_features: usize, in_features: usize) -> Self {
+    pub fn quant(weight: QuantMatrix) -> Self {
         Linear {
-            weight: LinearWeight::Quantized(weight),
+            in_features: weight.in_features(),
+            out_features: weight.out_features(),
+            weight: LinearWeight::Quant(weight),
+            bias: None,
+        }
+    }
+
+    /// Wraps a candle quantised `[out, in]` matrix.
+    pub fn candle(weight: QMatMul, out_features: usize, in_features: usize) -> Self {
+        Linear {
+            weight: LinearWeight::Candle(weight),
             bias: None,
             in_features,
             out_features,
@@ -46,8 +57,8 @@ impl Linear {
         })
     }
 
-    /// Adds a bias vector of `out_features` values.
-    pub fn with_bias(mut self, bias: Tensor) -> Self {
+    /// Adds a bias of `out_features` values.
+    pub fn with_bias(mut self, bias: Vec<f32>) -> Self {
         self.bias = Some(bias);
         self
     }
@@ -60,15 +71,26 @@ impl Linear {
         self.out_features
     }
 
-    /// Applies the layer to `x: [rows, in]`, returning `[rows, out]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        let y = match &self.weight {
-            LinearWeight::Quantized(w) => x.apply(w)?,
-            LinearWeight::Dense(w) => x.matmul(&w.t()?)?,
+    /// Applies the layer to `rows` rows of `x`, returning `[rows, out]`.
+    pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
+        let mut y = match &self.weight {
+            LinearWeight::Quant(w) => w.matmul(x, rows),
+            LinearWeight::Candle(w) => {
+                let t = Tensor::from_slice(x, (rows, self.in_features), &Device::Cpu)?;
+                t.apply(w)?.flatten_all()?.to_vec1::<f32>()?
+            }
+            LinearWeight::Dense(w) => {
+                let t = Tensor::from_slice(x, (rows, self.in_features), &Device::Cpu)?;
+                t.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?
+            }
         };
-        Ok(match &self.bias {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        if let Some(b) = &self.bias {
+            for row in y.chunks_exact_mut(self.out_features) {
+                for (v, bb) in row.iter_mut().zip(b) {
+                    *v += bb;
+                }
+            }
+        }
+        Ok(y)
     }
 }

@@ -23,6 +23,7 @@ pub mod gguf_file;
 pub mod linear;
 mod load;
 pub mod ops;
+pub mod quant;
 pub mod safetensors;
 pub mod tokenizer;
 mod weights;

@@ -92,7 +92,6 @@ fn biased(
         return Ok(lin);
     }
     let b = vector(src, bias, out)?;
-    let b = candle_core::Tensor::from_vec(b, out, &candle_core::Device::Cpu)?;
     Ok(lin.with_bias(b))
 }
 

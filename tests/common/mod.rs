@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod tiny;
+
 use std::path::PathBuf;
 
 /// The default model, fetched on first use (the tests need it; CI fetches it too).
