@@ -20,7 +20,7 @@ fn splitmix64(x: &mut u64) -> u64 {
 impl SeqRng {
     /// Seeds from a list of words, e.g. (run seed, prompt, tree, branch).
     pub fn from_parts(parts: &[u64]) -> Self {
-        let mut x = 0x5EED_0F_7EE5_u64;
+        let mut x = 0x005E_ED0F_7EE5_u64;
         for &p in parts {
             x ^= p;
             splitmix64(&mut x);

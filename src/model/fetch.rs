@@ -45,6 +45,11 @@ fn verified_marker(model: &Path) -> PathBuf {
 ///
 /// `progress` receives one-line status messages (the CLI prints them to stderr).
 pub fn ensure_default_model(progress: &mut dyn FnMut(&str)) -> Result<PathBuf, ModelError> {
+    // Tests call this from many threads at once: one fetch per process at a time.
+    static FETCH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = FETCH_LOCK
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let path = default_model_path();
     if path.exists() {
         let size = std::fs::metadata(&path)
@@ -175,7 +180,11 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn tempdir_in(dir: &Path) -> Result<PathBuf, ModelError> {
-    let p = dir.join(format!(".fetch-{}", std::process::id()));
+    // Unique per process and call, so concurrent fetches never share a folder.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let p = dir.join(format!(".fetch-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&p).map_err(|e| ModelError::io(&p, e))?;
     Ok(p)
 }

@@ -19,6 +19,16 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 /// Nesting guard: GGUF arrays of arrays are legal but never deep in real files.
 const MAX_ARRAY_DEPTH: usize = 4;
 const MAX_DIMS: u32 = 8;
+/// Most elements reserved up front for a count read from the file. Counts are checked
+/// only against the bytes left, and an element's in-memory form is many times its
+/// smallest encoding (a 1-byte array element becomes a 32-byte `Value`), so a corrupt
+/// count in a large file can still ask for more memory than exists, and a failed
+/// allocation aborts the process. Vectors grow past this as elements really parse.
+const MAX_PREALLOC: u64 = 1 << 16;
+/// Longest string accepted. The largest real ones are whole `tokenizer.json` files
+/// (tens of MiB); a longer length is corrupt, and allocating it could abort the process
+/// when the file is larger than memory (the length passes the file-size check).
+const MAX_STRING: u64 = 256 << 20;
 
 /// Parses the header of the GGUF file at `path`, validating it against the file size.
 pub fn read_content(path: &Path) -> Result<(std::fs::File, Content), ModelError> {
@@ -119,6 +129,13 @@ impl<R: Read> Reader<R> {
 
     fn string(&mut self, v1: bool, what: &str) -> Result<String, ModelError> {
         let n = self.count(v1, what)?;
+        self.need(n, what)?;
+        if n > MAX_STRING {
+            return Err(self.corrupt(format!(
+                "{what}: a string of {n} bytes at offset {} (longer than {MAX_STRING}; corrupt length?)",
+                self.pos
+            )));
+        }
         let mut v = self.bytes(n, what)?;
         // Some writers null-terminate strings although the format says not to.
         while v.last() == Some(&0) {
@@ -145,9 +162,9 @@ impl<R: Read> Reader<R> {
                 let elem = self.u32(key)?;
                 let n = self.count(v1, key)?;
                 // Every element takes at least one byte, so a count beyond the remaining
-                // bytes is corrupt; checking first keeps `with_capacity` honest.
+                // bytes is corrupt; the reservation is capped as well (see MAX_PREALLOC).
                 self.need(n, key)?;
-                let mut out = Vec::with_capacity(n as usize);
+                let mut out = Vec::with_capacity(n.min(MAX_PREALLOC) as usize);
                 for _ in 0..n {
                     out.push(self.value(elem, v1, depth + 1, key)?);
                 }
@@ -187,7 +204,7 @@ impl<R: Read> Reader<R> {
             metadata.insert(key, value);
         }
 
-        let mut infos = Vec::with_capacity(tensor_count as usize);
+        let mut infos = Vec::with_capacity(tensor_count.min(MAX_PREALLOC) as usize);
         for _ in 0..tensor_count {
             let name = self.string(v1, "tensor name")?;
             let n_dims = self.u32(&name)?;

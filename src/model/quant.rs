@@ -314,6 +314,7 @@ mod avx2 {
     /// order, within a block four 8-lane products summed in order, then scaled and
     /// added to that row's accumulator; no value depends on `nr` or on other rows.
     #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)] // `r` indexes rows of `x` and `acc` alike
     pub(super) unsafe fn dot_rows(
         m: &QuantMatrix,
         o: usize,

@@ -187,7 +187,9 @@ impl SafetensorsSource {
             tensors.extend(loaded);
         }
         Ok(SafetensorsSource {
-            path: if files.len() == 1 { single } else { index },
+            // Errors name the file the tensors came from: the index for a sharded
+            // checkpoint (even one of a single shard), which says where each tensor is.
+            path: if single.exists() { single } else { index },
             tensors,
         })
     }

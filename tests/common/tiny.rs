@@ -19,33 +19,10 @@ use treegrpo::model::{BatchSeq, DenseKvStore, ForwardBatch, LoadedModel, LogitsW
 pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 const SPECIALS: [&str; 3] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-/// Merges of the tiny tokenizer, in rank order, in the byte-level alphabet.
-const MERGES: [&str; 24] = [
-    "Ġ t",
-    "h e",
-    "Ġt he",
-    "i n",
-    "Ġ a",
-    "e r",
-    "o n",
-    "Ġ s",
-    "r e",
-    "a t",
-    "Ġ w",
-    "o r",
-    "l l",
-    "e l",
-    "h el",
-    "hel l",
-    "hell o",
-    "Ġ i",
-    "Ġi s",
-    "Ġ Ġ",
-    "ĠĠ ĠĠ",
-    "Ċ Ċ",
-    "e s",
-    "a n",
-];
+/// Merges of the tiny tokenizer, comma-separated, in rank order, in the byte-level
+/// alphabet (`Ġ` is a space, `Ċ` a newline).
+const MERGES: &str = "Ġ t,h e,Ġt he,i n,Ġ a,e r,o n,Ġ s,r e,a t,Ġ w,o r,l l,he ll,hell o,\
+                      Ġ i,Ġi s,Ġ Ġ,ĠĠ ĠĠ,Ċ Ċ,e s,a n,Ġ in,Ġt in";
 
 /// GPT-2's byte → character table, written out here so fixtures do not borrow the code
 /// under test.
@@ -78,7 +55,7 @@ impl Vocabulary {
         let mut tokens: Vec<String> = SPECIALS.iter().map(|s| s.to_string()).collect();
         tokens.extend(byte_chars().into_iter().map(String::from));
         let mut merges = Vec::new();
-        for m in MERGES {
+        for m in MERGES.split(',') {
             let (a, b) = m.split_once(' ').unwrap();
             let merged = format!("{a}{b}");
             if !tokens.contains(&merged) {

@@ -23,7 +23,7 @@ const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
 #[derive(Debug)]
 enum Backend {
-    Bpe(BpeTokenizer),
+    Bpe(Box<BpeTokenizer>),
     Hf(Box<tokenizers::Tokenizer>),
 }
 
@@ -181,7 +181,7 @@ pub fn gguf_tokenizer(md: &Metadata<'_>) -> Result<Tokenizer, ModelError> {
     let bpe = BpeTokenizer::new(tokens, &merges, &specials, pre).map_err(missing)?;
     let eos = stop_tokens(eos, |t| bpe.token_id(t));
     Ok(Tokenizer {
-        backend: Backend::Bpe(bpe),
+        backend: Backend::Bpe(Box::new(bpe)),
         bos,
         eos,
         add_bos,
