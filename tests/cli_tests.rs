@@ -12,12 +12,21 @@ fn treegrpo() -> Command {
 fn generate_answers_the_capital_of_france_with_paris() {
     let model = common::default_model();
     let out = treegrpo()
-        .args(["generate", "--prompt", "What is the capital of France?", "--model"])
+        .args([
+            "generate",
+            "--prompt",
+            "What is the capital of France?",
+            "--model",
+        ])
         .arg(&model)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains("Paris"), "completion was: {stdout}");
 }
 
@@ -26,7 +35,13 @@ fn same_seed_same_sample() {
     let model = common::default_model();
     let run = |seed: &str| {
         let out = treegrpo()
-            .args(["generate", "--prompt", "Tell me a short story.", "--max-tokens", "24"])
+            .args([
+                "generate",
+                "--prompt",
+                "Tell me a short story.",
+                "--max-tokens",
+                "24",
+            ])
             .args(["--temperature", "0.9", "--seed", seed, "--model"])
             .arg(&model)
             .output()
@@ -35,7 +50,11 @@ fn same_seed_same_sample() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert_eq!(run("7"), run("7"));
-    assert_ne!(run("7"), run("8"), "different seeds should sample differently");
+    assert_ne!(
+        run("7"),
+        run("8"),
+        "different seeds should sample differently"
+    );
 }
 
 #[test]
