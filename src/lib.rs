@@ -16,4 +16,5 @@
 pub mod advantage;
 pub mod engine;
 pub mod env;
+pub mod kv;
 pub mod model;

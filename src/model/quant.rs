@@ -53,7 +53,12 @@ impl QuantFormat {
 }
 
 /// A `[out, in]` weight matrix, repacked from ggml blocks into separate arrays of f32
-/// scales (and mins) and packed quants, so the kernel does no f16 conversion.
+/// scales, offsets and packed quants, so the kernel does no f16 conversion.
+///
+/// Every format is evaluated as `w = q · d + m` on the raw unsigned/signed quant `q`:
+/// Q4_1 stores `m`; Q4_0's `(q − 8) · d` becomes `m = −8d`; Q8_0 has `m = 0`. The kernel
+/// dequantises a block once (`fma(q, d, m)`) and then applies it to every row, so no
+/// per-row correction term (and no per-row Σx pass) is needed.
 #[derive(Debug, Clone)]
 pub struct QuantMatrix {
     format: QuantFormat,
@@ -61,7 +66,8 @@ pub struct QuantMatrix {
     inp: usize,
     blocks: usize,
     scales: Vec<f32>,
-    mins: Vec<f32>,
+    /// The `m` of `w = q · d + m`, per block.
+    offsets: Vec<f32>,
     quants: Vec<u8>,
 }
 
@@ -85,7 +91,7 @@ impl QuantMatrix {
         let n = out * blocks;
         let qb = format.quant_bytes();
         let mut scales = Vec::with_capacity(n);
-        let mut mins = Vec::new();
+        let mut offsets = Vec::with_capacity(n);
         let mut quants = Vec::with_capacity(n * qb);
         let half = |b: &[u8]| f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
         let block_bytes = match format {
@@ -94,13 +100,21 @@ impl QuantMatrix {
             QuantFormat::Q8_0 => 2 + 32,
         };
         for blk in data.chunks_exact(block_bytes).take(n) {
-            scales.push(half(&blk[0..2]));
+            let d = half(&blk[0..2]);
+            scales.push(d);
             match format {
                 QuantFormat::Q4_1 => {
-                    mins.push(half(&blk[2..4]));
+                    offsets.push(half(&blk[2..4]));
                     quants.extend_from_slice(&blk[4..20]);
                 }
-                QuantFormat::Q4_0 | QuantFormat::Q8_0 => quants.extend_from_slice(&blk[2..]),
+                QuantFormat::Q4_0 => {
+                    offsets.push(-8.0 * d);
+                    quants.extend_from_slice(&blk[2..]);
+                }
+                QuantFormat::Q8_0 => {
+                    offsets.push(0.0);
+                    quants.extend_from_slice(&blk[2..]);
+                }
             }
         }
         QuantMatrix {
@@ -109,7 +123,7 @@ impl QuantMatrix {
             inp,
             blocks,
             scales,
-            mins,
+            offsets,
             quants,
         }
     }
@@ -122,21 +136,16 @@ impl QuantMatrix {
         self.inp
     }
 
-    /// Unpacks block `b` of output row `o` into 32 f32 quant values (before scaling).
+    /// Unpacks block `b` of output row `o` into its 32 raw quants as f32.
     fn unpack(&self, o: usize, b: usize, q: &mut [f32; BLOCK]) {
         let i = o * self.blocks + b;
         let qb = self.format.quant_bytes();
         let bytes = &self.quants[i * qb..][..qb];
         match self.format {
             QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
-                let shift = if self.format == QuantFormat::Q4_0 {
-                    8.0
-                } else {
-                    0.0
-                };
                 for j in 0..16 {
-                    q[j] = (bytes[j] & 0x0F) as f32 - shift;
-                    q[j + 16] = (bytes[j] >> 4) as f32 - shift;
+                    q[j] = (bytes[j] & 0x0F) as f32;
+                    q[j + 16] = (bytes[j] >> 4) as f32;
                 }
             }
             QuantFormat::Q8_0 => {
@@ -147,15 +156,20 @@ impl QuantMatrix {
         }
     }
 
-    /// Dequantises output row `o` (reference path for tests and embeddings).
+    /// Dequantises output row `o` (reference path for tests).
     pub fn dequantize_row(&self, o: usize, dst: &mut [f32]) {
         let mut q = [0f32; BLOCK];
         for b in 0..self.blocks {
             self.unpack(o, b, &mut q);
             let i = o * self.blocks + b;
-            let (d, m) = (self.scales[i], self.mins.get(i).copied().unwrap_or(0.0));
+            let (d, m) = (self.scales[i], self.offsets[i]);
             for j in 0..BLOCK {
-                dst[b * BLOCK + j] = d * q[j] + m;
+                dst[b * BLOCK + j] = match self.format {
+                    // ggml's own formulas, so the result equals candle's dequantisation.
+                    QuantFormat::Q4_0 => (q[j] - 8.0) * d,
+                    QuantFormat::Q4_1 => q[j] * d + m,
+                    QuantFormat::Q8_0 => q[j] * d,
+                };
             }
         }
     }
@@ -163,12 +177,6 @@ impl QuantMatrix {
     /// `y = x · Wᵀ` for `x: [rows, in]`; returns `[rows, out]`.
     pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
         assert_eq!(x.len(), rows * self.inp, "activation shape");
-        // Σx per (row, block): the Q4_1 min term is m · Σx, computed once per call.
-        let xsum: Vec<f32> = if self.format == QuantFormat::Q4_1 {
-            x.chunks_exact(BLOCK).map(|c| c.iter().sum()).collect()
-        } else {
-            Vec::new()
-        };
         // Results per output row first ([out, rows]) so tasks own disjoint slices.
         let mut yt = vec![0f32; self.out * rows];
         yt.par_chunks_mut(OUT_TILE * rows)
@@ -178,31 +186,46 @@ impl QuantMatrix {
                 let n_out = dst.len() / rows;
                 for r0 in (0..rows).step_by(ROW_TILE) {
                     let nr = ROW_TILE.min(rows - r0);
-                    for oi in 0..n_out {
-                        let mut acc = [0f32; ROW_TILE];
-                        self.dot_rows(o0 + oi, x, &xsum, r0, nr, &mut acc);
-                        dst[oi * rows + r0..][..nr].copy_from_slice(&acc[..nr]);
+                    // Few rows: several outputs at once, so the CPU has independent
+                    // accumulator chains to overlap (the decode case).
+                    let step = match nr {
+                        1 | 2 => 4,
+                        3 | 4 => 2,
+                        _ => 1,
+                    };
+                    let mut oi = 0;
+                    while oi < n_out {
+                        let no = if n_out - oi >= step { step } else { 1 };
+                        let mut acc = [[0f32; ROW_TILE]; 4];
+                        self.dot_tile(o0 + oi, no, x, r0, nr, &mut acc);
+                        for (j, a) in acc.iter().enumerate().take(no) {
+                            dst[(oi + j) * rows + r0..][..nr].copy_from_slice(&a[..nr]);
+                        }
+                        oi += no;
                     }
                 }
             });
+        if rows == 1 {
+            return yt;
+        }
         let mut y = vec![0f32; rows * self.out];
-        for o in 0..self.out {
-            for r in 0..rows {
-                y[r * self.out + o] = yt[o * rows + r];
+        for (o, col) in yt.chunks_exact(rows).enumerate() {
+            for (r, v) in col.iter().enumerate() {
+                y[r * self.out + o] = *v;
             }
         }
         y
     }
 
-    /// Dot products of output row `o` with activation rows `r0..r0+nr`.
-    fn dot_rows(
+    /// Dot products of output rows `o0..o0+no` with activation rows `r0..r0+nr`.
+    fn dot_tile(
         &self,
-        o: usize,
+        o0: usize,
+        no: usize,
         x: &[f32],
-        xsum: &[f32],
         r0: usize,
         nr: usize,
-        acc: &mut [f32; ROW_TILE],
+        acc: &mut [[f32; ROW_TILE]; 4],
     ) {
         #[cfg(target_arch = "x86_64")]
         {
@@ -211,11 +234,13 @@ impl QuantMatrix {
             {
                 // SAFETY: the CPU supports AVX2 and FMA (checked above); all pointer
                 // arithmetic stays within `x` and the packed arrays (see `avx2`).
-                unsafe { avx2::dot_rows(self, o, x, xsum, r0, nr, acc) };
+                unsafe { avx2::dot_tile_dispatch(self, o0, no, x, r0, nr, acc) };
                 return;
             }
         }
-        self.dot_rows_scalar(o, x, xsum, r0, nr, acc);
+        for (j, a) in acc.iter_mut().enumerate().take(no) {
+            self.dot_rows_scalar(o0 + j, x, r0, nr, a);
+        }
     }
 
     /// Portable fallback with the same per-row structure (8 lanes, then a fixed sum).
@@ -223,35 +248,32 @@ impl QuantMatrix {
         &self,
         o: usize,
         x: &[f32],
-        xsum: &[f32],
         r0: usize,
         nr: usize,
         acc: &mut [f32; ROW_TILE],
     ) {
         let mut q = [0f32; BLOCK];
         let mut lanes = [[0f32; 8]; ROW_TILE];
-        let mut mins = [0f32; ROW_TILE];
         for b in 0..self.blocks {
             self.unpack(o, b, &mut q);
             let i = o * self.blocks + b;
-            let d = self.scales[i];
-            for r in 0..nr {
+            let (d, m) = (self.scales[i], self.offsets[i]);
+            for v in q.iter_mut() {
+                *v = v.mul_add(d, m);
+            }
+            for (r, lane) in lanes.iter_mut().enumerate().take(nr) {
                 let xr = &x[(r0 + r) * self.inp + b * BLOCK..][..BLOCK];
                 for l in 0..8 {
-                    let t = xr[l] * q[l]
-                        + xr[8 + l] * q[8 + l]
-                        + xr[16 + l] * q[16 + l]
-                        + xr[24 + l] * q[24 + l];
-                    lanes[r][l] += t * d;
-                }
-                if self.format == QuantFormat::Q4_1 {
-                    mins[r] += self.mins[i] * xsum[(r0 + r) * self.blocks + b];
+                    let mut t = xr[l] * q[l];
+                    t = xr[8 + l].mul_add(q[8 + l], t);
+                    t = xr[16 + l].mul_add(q[16 + l], t);
+                    t = xr[24 + l].mul_add(q[24 + l], t);
+                    lane[l] += t;
                 }
             }
         }
-        for r in 0..nr {
-            let l = &lanes[r];
-            acc[r] = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7])) + mins[r];
+        for (a, l) in acc.iter_mut().zip(&lanes).take(nr) {
+            *a = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
         }
     }
 }
@@ -261,46 +283,47 @@ mod avx2 {
     use super::{QuantFormat, QuantMatrix, BLOCK, ROW_TILE};
     use std::arch::x86_64::*;
 
-    /// Unpacks one block's 32 quants into four 8-lane vectors (elements 0-7, 8-15,
-    /// 16-23, 24-31, the order of the activations they multiply).
+    /// Dequantises one block into four 8-lane vectors (elements 0-7, 8-15, 16-23, 24-31,
+    /// the order of the activations they multiply): `fma(q, d, m)`.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn unpack(m: &QuantMatrix, i: usize) -> [__m256; 4] {
-        match m.format {
+    unsafe fn dequantize(m: &QuantMatrix, i: usize) -> [__m256; 4] {
+        let q = match m.format {
             QuantFormat::Q4_0 | QuantFormat::Q4_1 => {
                 let p = m.quants.as_ptr().add(i * 16) as *const __m128i;
                 let bytes = _mm_loadu_si128(p);
                 let mask = _mm_set1_epi8(0x0F);
                 let lo = _mm_and_si128(bytes, mask);
                 let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-                let cvt = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
-                let mut q = [
-                    cvt(lo),
-                    cvt(_mm_srli_si128(lo, 8)),
-                    cvt(hi),
-                    cvt(_mm_srli_si128(hi, 8)),
-                ];
-                if m.format == QuantFormat::Q4_0 {
-                    let eight = _mm256_set1_ps(8.0);
-                    for v in q.iter_mut() {
-                        *v = _mm256_sub_ps(*v, eight);
-                    }
-                }
-                q
+                [
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+                    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
+                ]
             }
             QuantFormat::Q8_0 => {
                 let p = m.quants.as_ptr().add(i * 32);
-                let cvt = |k: usize| {
-                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-                        p.add(8 * k) as *const __m128i
-                    )))
-                };
-                [cvt(0), cvt(1), cvt(2), cvt(3)]
+                let load = |k: usize| _mm_loadl_epi64(p.add(8 * k) as *const __m128i);
+                [
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load(0))),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load(1))),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load(2))),
+                    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(load(3))),
+                ]
             }
-        }
+        };
+        let d = _mm256_set1_ps(*m.scales.get_unchecked(i));
+        let off = _mm256_set1_ps(*m.offsets.get_unchecked(i));
+        [
+            _mm256_fmadd_ps(q[0], d, off),
+            _mm256_fmadd_ps(q[1], d, off),
+            _mm256_fmadd_ps(q[2], d, off),
+            _mm256_fmadd_ps(q[3], d, off),
+        ]
     }
 
-    /// Horizontal sum in a fixed order, matching the scalar fallback's pairing.
+    /// Horizontal sum in a fixed order (the scalar fallback pairs lanes the same way).
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn hsum(v: __m256) -> f32 {
@@ -310,45 +333,68 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    /// See [`QuantMatrix::dot_rows`]. Each row's accumulation order is fixed: blocks in
-    /// order, within a block four 8-lane products summed in order, then scaled and
-    /// added to that row's accumulator; no value depends on `nr` or on other rows.
+    /// Picks the monomorphised kernel for `no` outputs × `nr` rows, so accumulators
+    /// live in registers. Every instance performs the same per-(row, output)
+    /// operations in the same order, so a result does not depend on which ran it.
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::needless_range_loop)] // `r` indexes rows of `x` and `acc` alike
-    pub(super) unsafe fn dot_rows(
+    pub(super) unsafe fn dot_tile_dispatch(
         m: &QuantMatrix,
-        o: usize,
+        o0: usize,
+        no: usize,
         x: &[f32],
-        xsum: &[f32],
         r0: usize,
         nr: usize,
-        acc_out: &mut [f32; ROW_TILE],
+        acc: &mut [[f32; ROW_TILE]; 4],
     ) {
-        debug_assert!((r0 + nr) * m.inp <= x.len());
-        let mut acc = [_mm256_setzero_ps(); ROW_TILE];
-        let mut mins = [0f32; ROW_TILE];
+        match (no, nr) {
+            (4, 1) => dot_tile::<4, 1>(m, o0, x, r0, acc),
+            (4, 2) => dot_tile::<4, 2>(m, o0, x, r0, acc),
+            (2, 3) => dot_tile::<2, 3>(m, o0, x, r0, acc),
+            (2, 4) => dot_tile::<2, 4>(m, o0, x, r0, acc),
+            (_, 1) => dot_tile::<1, 1>(m, o0, x, r0, acc),
+            (_, 2) => dot_tile::<1, 2>(m, o0, x, r0, acc),
+            (_, 3) => dot_tile::<1, 3>(m, o0, x, r0, acc),
+            (_, 4) => dot_tile::<1, 4>(m, o0, x, r0, acc),
+            (_, 5) => dot_tile::<1, 5>(m, o0, x, r0, acc),
+            (_, 6) => dot_tile::<1, 6>(m, o0, x, r0, acc),
+            (_, 7) => dot_tile::<1, 7>(m, o0, x, r0, acc),
+            _ => dot_tile::<1, 8>(m, o0, x, r0, acc),
+        }
+    }
+
+    /// Each (row, output) pair's accumulation order is fixed: blocks in order; within
+    /// a block the four 8-lane products are chained in order and added to the pair's
+    /// accumulator; nothing depends on `NO`, `NR` or on other rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::needless_range_loop)] // `j`, `r` index outputs and rows alike
+    unsafe fn dot_tile<const NO: usize, const NR: usize>(
+        m: &QuantMatrix,
+        o0: usize,
+        x: &[f32],
+        r0: usize,
+        acc_out: &mut [[f32; ROW_TILE]; 4],
+    ) {
+        debug_assert!((r0 + NR) * m.inp <= x.len());
+        let mut acc = [[_mm256_setzero_ps(); NR]; NO];
         let xp = x.as_ptr();
         for b in 0..m.blocks {
-            let i = o * m.blocks + b;
-            let q = unpack(m, i);
-            let d = _mm256_set1_ps(*m.scales.get_unchecked(i));
-            for r in 0..nr {
-                let p = xp.add((r0 + r) * m.inp + b * BLOCK);
-                let mut t = _mm256_mul_ps(_mm256_loadu_ps(p), q[0]);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(8)), q[1], t);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(16)), q[2], t);
-                t = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(24)), q[3], t);
-                acc[r] = _mm256_fmadd_ps(t, d, acc[r]);
-            }
-            if m.format == QuantFormat::Q4_1 {
-                let mn = *m.mins.get_unchecked(i);
-                for r in 0..nr {
-                    mins[r] += mn * *xsum.get_unchecked((r0 + r) * m.blocks + b);
+            for j in 0..NO {
+                let w = dequantize(m, (o0 + j) * m.blocks + b);
+                for r in 0..NR {
+                    let p = xp.add((r0 + r) * m.inp + b * BLOCK);
+                    let mut t = _mm256_mul_ps(_mm256_loadu_ps(p), w[0]);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(8)), w[1], t);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(16)), w[2], t);
+                    t = _mm256_fmadd_ps(_mm256_loadu_ps(p.add(24)), w[3], t);
+                    acc[j][r] = _mm256_add_ps(acc[j][r], t);
                 }
             }
         }
-        for r in 0..nr {
-            acc_out[r] = hsum(acc[r]) + mins[r];
+        for j in 0..NO {
+            for r in 0..NR {
+                acc_out[j][r] = hsum(acc[j][r]);
+            }
         }
     }
 }
