@@ -6,6 +6,7 @@ use crate::model::{
 
 use super::rng::SeqRng;
 use super::sampling::{sample, SampledToken, Sampling};
+use super::stop::StopReason;
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -20,23 +21,15 @@ pub struct GenerateRequest {
     pub prefill_chunk: usize,
 }
 
-/// Why generation stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopReason {
-    StopToken,
-    MaxTokens,
-    ContextFull,
-}
-
 /// The generated tokens with their logprobs.
 #[derive(Debug, Clone)]
-pub struct Generation {
+pub struct SingleGeneration {
     pub tokens: Vec<SampledToken>,
     pub stop: StopReason,
 }
 
 /// Prefills the prompt, then decodes one token per forward until a stop condition.
-pub fn generate(model: &Model, req: &GenerateRequest) -> Result<Generation, ModelError> {
+pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration, ModelError> {
     let cfg = model.config();
     if req.prompt.is_empty() {
         return Err(ModelError::Tokenizer("empty prompt".into()));
@@ -81,21 +74,21 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<Generation, Mode
     let mut pos = req.prompt.len();
     loop {
         if tokens.len() >= req.max_new_tokens {
-            return Ok(Generation {
+            return Ok(SingleGeneration {
                 tokens,
                 stop: StopReason::MaxTokens,
             });
         }
         let next = sample(&logits, &req.sampling, &mut rng);
         if req.stop_tokens.contains(&next.token) {
-            return Ok(Generation {
+            return Ok(SingleGeneration {
                 tokens,
                 stop: StopReason::StopToken,
             });
         }
         tokens.push(next);
         if pos + 1 >= cfg.max_position_embeddings {
-            return Ok(Generation {
+            return Ok(SingleGeneration {
                 tokens,
                 stop: StopReason::ContextFull,
             });

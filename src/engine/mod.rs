@@ -1,13 +1,28 @@
 //! The engine layer: turns model forwards into generated sequences.
 //!
+//! - [`core`]: [`EngineCore`], sequences over the paged KV cache advanced together one
+//!   ragged batch per step (fork, append, generate, pin, free; counters).
+//! - [`handle`]: [`Engine`], the core on its own thread behind an async API.
+//! - [`stop`]: generation parameters and stop conditions.
+//! - [`counters`]: every computed row counted once (prefilled, decoded, reused).
 //! - [`rng`]: a small, stable per-sequence RNG (results must not change with crate versions).
 //! - [`sampling`]: temperature / top-k / top-p sampling with the sampled token's logprob.
-//! - [`generate`]: single-sequence generation over a dense KV store (the `generate` command).
+//! - [`generate`](mod@generate): single-sequence generation over a dense KV store.
 
+pub mod core;
+pub mod counters;
+pub mod error;
 pub mod generate;
+pub mod handle;
 pub mod rng;
 pub mod sampling;
+pub mod stop;
 
-pub use generate::{generate, GenerateRequest, Generation, StopReason};
+pub use self::core::{EngineConfig, EngineCore, Generation};
+pub use counters::{EngineCounters, EngineStats};
+pub use error::EngineError;
+pub use generate::{generate, GenerateRequest};
+pub use handle::Engine;
 pub use rng::SeqRng;
 pub use sampling::{SampledToken, Sampling};
+pub use stop::{GenParams, StopReason};

@@ -59,7 +59,7 @@ impl Prefix {
 }
 
 /// Block counts and sizes at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct KvStats {
     pub num_blocks: usize,
     pub block_size: usize,

@@ -1,0 +1,45 @@
+//! What the engine computed: every row of every forward is counted exactly once, so the
+//! token budgets the product reports are measured, never estimated.
+
+use serde::{Deserialize, Serialize};
+
+use crate::kv::KvStats;
+
+/// Token and step counters since the engine started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineCounters {
+    /// Rows computed for prompt or appended (observation) tokens.
+    pub prefilled: u64,
+    /// Rows computed for sampled tokens fed back in.
+    pub decoded: u64,
+    /// Tokens sampled (a sampled stop token or a generation's last token is sampled
+    /// but never fed back, so `sampled` ≥ `decoded`).
+    pub sampled: u64,
+    /// Prompt tokens served from the prefix cache instead of being prefilled.
+    pub reused_prefix_cache: u64,
+    /// Tokens a fork inherited from its parent without recomputing them.
+    pub reused_fork: u64,
+    /// Forward passes run.
+    pub steps: u64,
+    /// Most bytes of KV blocks in use at once.
+    pub peak_kv_bytes: u64,
+}
+
+impl EngineCounters {
+    /// Rows the model computed.
+    pub fn computed(&self) -> u64 {
+        self.prefilled + self.decoded
+    }
+
+    /// Tokens that were needed but not computed.
+    pub fn reused(&self) -> u64 {
+        self.reused_prefix_cache + self.reused_fork
+    }
+}
+
+/// Counters plus the KV pool's occupancy.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineStats {
+    pub counters: EngineCounters,
+    pub kv: KvStats,
+}

@@ -1,0 +1,202 @@
+//! [`Engine`]: the engine core on a thread of its own, driven through a channel.
+//!
+//! Async callers (rollout tasks on tokio) send commands and await replies on oneshot
+//! channels; the engine thread applies commands between steps and keeps stepping while
+//! any sequence has work, so a branch waiting for a tool is simply absent from the
+//! batch while the others go on.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
+
+use crate::kv::{PinId, SeqId};
+use crate::model::{LoadedModel, TokenId};
+
+use super::core::{EngineConfig, EngineCore, Generation};
+use super::counters::EngineStats;
+use super::error::EngineError;
+use super::stop::GenParams;
+
+type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+enum Command {
+    Add(Vec<TokenId>, Reply<SeqId>),
+    Fork(SeqId, Reply<SeqId>),
+    Append(SeqId, Vec<TokenId>, Reply<()>),
+    Generate(SeqId, GenParams, Reply<Generation>),
+    Free(SeqId, Reply<()>),
+    Pin(SeqId, Reply<PinId>),
+    Unpin(PinId, Reply<()>),
+    Tokens(SeqId, Reply<Vec<TokenId>>),
+    Stats(Reply<EngineStats>),
+    ClearPrefixCache(Reply<()>),
+}
+
+/// A handle to the engine thread. Cloning it is cheap; the thread stops when the last
+/// handle is dropped.
+#[derive(Clone)]
+pub struct Engine {
+    /// Commands to the engine thread, applied in the order sent.
+    commands: mpsc::Sender<Command>,
+    model: Arc<LoadedModel>,
+    _thread: Arc<JoinGuard>,
+}
+
+struct JoinGuard(Option<JoinHandle<()>>);
+
+impl Drop for JoinGuard {
+    fn drop(&mut self) {
+        // The sender is dropped with the last handle before this guard, so the thread
+        // sees a closed channel and exits; joining keeps its errors from being lost.
+        if let Some(h) = self.0.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Engine {
+    /// Starts the engine thread.
+    pub fn start(model: Arc<LoadedModel>, config: EngineConfig) -> Result<Self, EngineError> {
+        let core = EngineCore::new(model.clone(), config)?;
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("treegrpo-engine".into())
+            .spawn(move || run(core, rx))
+            .map_err(|e| EngineError::Model(crate::model::ModelError::KvStore(e.to_string())))?;
+        Ok(Engine {
+            commands: tx,
+            model,
+            _thread: Arc::new(JoinGuard(Some(thread))),
+        })
+    }
+
+    pub fn model(&self) -> &Arc<LoadedModel> {
+        &self.model
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.commands
+            .send(make(tx))
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)?
+    }
+
+    /// Starts a sequence from a prompt (cached prefixes are reused).
+    pub async fn add_sequence(&self, prompt: Vec<TokenId>) -> Result<SeqId, EngineError> {
+        self.call(|r| Command::Add(prompt, r)).await
+    }
+
+    /// Forks `seq`: the child shares its computed prefix (no recomputation).
+    pub async fn fork(&self, seq: SeqId) -> Result<SeqId, EngineError> {
+        self.call(|r| Command::Fork(seq, r)).await
+    }
+
+    /// Appends tokens (an observation) to be prefilled with the next steps.
+    pub async fn append(&self, seq: SeqId, tokens: Vec<TokenId>) -> Result<(), EngineError> {
+        self.call(|r| Command::Append(seq, tokens, r)).await
+    }
+
+    /// Generates on `seq` until a stop condition; resolves when it is done.
+    pub async fn generate(&self, seq: SeqId, params: GenParams) -> Result<Generation, EngineError> {
+        self.call(|r| Command::Generate(seq, params, r)).await
+    }
+
+    pub async fn free(&self, seq: SeqId) -> Result<(), EngineError> {
+        self.call(|r| Command::Free(seq, r)).await
+    }
+
+    pub async fn pin(&self, seq: SeqId) -> Result<PinId, EngineError> {
+        self.call(|r| Command::Pin(seq, r)).await
+    }
+
+    pub async fn unpin(&self, pin: PinId) -> Result<(), EngineError> {
+        self.call(|r| Command::Unpin(pin, r)).await
+    }
+
+    /// The tokens of `seq` that are in the KV cache.
+    pub async fn tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, EngineError> {
+        self.call(|r| Command::Tokens(seq, r)).await
+    }
+
+    pub async fn stats(&self) -> Result<EngineStats, EngineError> {
+        self.call(Command::Stats).await
+    }
+
+    pub async fn clear_prefix_cache(&self) -> Result<(), EngineError> {
+        self.call(Command::ClearPrefixCache).await
+    }
+}
+
+/// The engine thread: apply commands, step while there is work, deliver results.
+fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
+    let mut waiting: std::collections::HashMap<SeqId, Reply<Generation>> = Default::default();
+    loop {
+        // Block for a command only when idle; otherwise take what has arrived.
+        let first = if core.has_work() {
+            match rx.try_recv() {
+                Ok(c) => Some(c),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => return,
+            }
+        } else {
+            match rx.recv() {
+                Ok(c) => Some(c),
+                Err(_) => return,
+            }
+        };
+        let mut next = first;
+        while let Some(cmd) = next {
+            apply(&mut core, cmd, &mut waiting);
+            next = rx.try_recv().ok();
+        }
+        if core.has_work() {
+            if let Err(e) = core.step() {
+                // A failed forward fails every waiting generation: nothing is dropped
+                // silently, and the engine keeps serving.
+                let msg = e.to_string();
+                for (_, reply) in waiting.drain() {
+                    let _ = reply.send(Err(EngineError::Model(crate::model::ModelError::KvStore(
+                        format!("forward failed: {msg}"),
+                    ))));
+                }
+            }
+        }
+        for (seq, result) in core.take_finished() {
+            if let Some(reply) = waiting.remove(&seq) {
+                let _ = reply.send(result);
+            }
+        }
+    }
+}
+
+fn apply(
+    core: &mut EngineCore,
+    cmd: Command,
+    waiting: &mut std::collections::HashMap<SeqId, Reply<Generation>>,
+) {
+    match cmd {
+        Command::Add(prompt, r) => drop(r.send(core.add_sequence(&prompt))),
+        Command::Fork(seq, r) => drop(r.send(core.fork(seq))),
+        Command::Append(seq, tokens, r) => drop(r.send(core.append(seq, &tokens))),
+        Command::Generate(seq, params, r) => match core.generate(seq, params) {
+            Ok(()) => {
+                waiting.insert(seq, r);
+            }
+            Err(e) => drop(r.send(Err(e))),
+        },
+        Command::Free(seq, r) => drop(r.send(core.free(seq))),
+        Command::Pin(seq, r) => drop(r.send(core.pin(seq))),
+        Command::Unpin(pin, r) => drop(r.send(core.unpin(pin))),
+        Command::Tokens(seq, r) => drop(r.send(core.tokens(seq).map(<[TokenId]>::to_vec))),
+        Command::Stats(r) => drop(r.send(Ok(core.stats()))),
+        Command::ClearPrefixCache(r) => {
+            core.clear_prefix_cache();
+            drop(r.send(Ok(())));
+        }
+    }
+    // A generation that finished at once (its first sample was a stop) is delivered
+    // by the caller loop through `take_finished`.
+}
