@@ -237,6 +237,46 @@ impl EngineCore {
         Ok(())
     }
 
+    /// Feeds `tokens` to an idle sequence at once, alone, and returns the logits at every
+    /// one of their positions (teacher forcing: scoring a continuation, oracles).
+    pub fn score(&mut self, seq: SeqId, tokens: &[TokenId]) -> Result<Vec<Vec<f32>>, EngineError> {
+        let s = self
+            .seqs
+            .get(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        if s.generating.is_some() || !s.pending.is_empty() {
+            return Err(EngineError::Busy(seq));
+        }
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let start = self.kv.seq_len(seq)?;
+        self.kv.reserve(seq, tokens.len())?;
+        let batch = ForwardBatch {
+            seqs: vec![BatchSeq {
+                slot: seq.slot(),
+                start,
+                tokens: tokens.to_vec(),
+                logits: LogitsWanted::All,
+            }],
+        };
+        let out = match self.model.model.forward(&batch, &mut self.kv) {
+            Ok(out) => out,
+            Err(e) => {
+                self.kv.truncate(seq, start)?;
+                return Err(e.into());
+            }
+        };
+        self.kv.commit(seq, tokens)?;
+        self.counters.steps += 1;
+        self.counters.prefilled += tokens.len() as u64;
+        let rows = out.into_iter().next().map(|o| o.rows).unwrap_or_default();
+        if let Some(s) = self.seqs.get_mut(&seq) {
+            s.last_logits = rows.last().cloned().map(Arc::new);
+        }
+        Ok(rows)
+    }
+
     /// Drops a sequence; its blocks return to the pool (or the prefix cache).
     pub fn free(&mut self, seq: SeqId) -> Result<(), EngineError> {
         self.seqs
