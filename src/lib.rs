@@ -7,9 +7,12 @@
 //! The source tree reads in pipeline order, each layer importing only the ones below it:
 //!
 //! 1. [`model`] — config, GGUF / safetensors weights, tokenizer, chat template, decoder forward.
-//! 2. [`engine`] — sampling and the sequence handles the rest of the product drives.
-//! 3. [`env`] — agent environments: the step protocol, tools, rewards, data sets.
-//! 4. [`advantage`] — group-relative advantages over finished forests (pure math).
+//! 2. [`kv`] — the paged KV block pool: block tables, forks, pins, the prefix index.
+//! 3. [`engine`] — the scheduler (ragged batches over the KV cache), sampling, the
+//!    async engine handle.
+//! 4. [`env`](mod@env) — agent environments: step protocol, tools, rewards, data sets.
+//! 5. [`rollout`] — agent episodes (and trees of them) through engine and environment.
+//! 6. [`advantage`] — group-relative advantages over finished forests (pure math).
 //!
 //! See `ARCHITECTURE.md` for the invariants and where to change what.
 
@@ -18,3 +21,4 @@ pub mod engine;
 pub mod env;
 pub mod kv;
 pub mod model;
+pub mod rollout;

@@ -1,0 +1,695 @@
+//! Seeded random operation sequences against the engine core on a tiny model, with a
+//! KV pool small enough that sequences wait for room, cached blocks are evicted and
+//! some sequences can never fit.
+//!
+//! After every operation: the KV layer's invariants hold, every live sequence's cached
+//! tokens are a prefix of what the test knows it holds (prompt, appends, generated
+//! tokens), and every finished generation is checked against a plain dense forward of
+//! its context (each sampled token's logprob, and greedy picks the top logit). Every
+//! `generate` that was accepted ends exactly once in `take_finished`, as `Ok` or as an
+//! explicit `Err`. At the end, with everything freed and unpinned and the prefix cache
+//! cleared, every block is free.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::max_abs_diff;
+use common::tiny::{logits_all, Flavour, TinyModel};
+use treegrpo::engine::{
+    EngineConfig, EngineCore, EngineError, GenParams, Generation, Sampling, StopReason,
+};
+use treegrpo::kv::{PinId, SeqId};
+use treegrpo::model::{LoadedModel, ModelError, TokenId};
+
+/// xorshift64*: tiny, seeded, stable.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.below(hi - lo + 1)
+    }
+
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+
+    fn pick<T: Copy>(&mut self, v: &[T]) -> Option<T> {
+        (!v.is_empty()).then(|| v[self.below(v.len())])
+    }
+
+    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<TokenId> {
+        (0..n).map(|_| self.below(vocab) as TokenId).collect()
+    }
+}
+
+/// The tiny llama written as a GGUF (f32 weights) and loaded the way the product loads.
+fn tiny_model() -> Arc<LoadedModel> {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("tiny.gguf");
+    TinyModel::new(Flavour::Llama, 11).write_gguf(&path);
+    Arc::new(LoadedModel::load(&path).unwrap())
+}
+
+fn config(model: &LoadedModel, blocks: usize) -> EngineConfig {
+    let block_size = 4;
+    EngineConfig {
+        kv_budget_bytes: blocks * block_size * model.model.config().kv_bytes_per_token(),
+        block_size,
+        max_batch_tokens: 16,
+        max_batch_seqs: 8,
+    }
+}
+
+/// A generation the engine accepted and has not reported yet.
+struct Outstanding {
+    context: Vec<TokenId>,
+    params: GenParams,
+}
+
+/// What one run exercised (asserted so the test keeps testing what it claims).
+#[derive(Debug, Default)]
+struct Coverage {
+    ops: usize,
+    gen_ok: usize,
+    gen_err: usize,
+    gen_tokens: usize,
+    stop_token: usize,
+    max_tokens: usize,
+    context_full: usize,
+    never_fits: usize,
+    overflow: usize,
+    prefill_errors: usize,
+    busy: usize,
+    empty: usize,
+    unknown: usize,
+    forks: usize,
+    pins: usize,
+    freed_generating: usize,
+    scores: usize,
+    score_err: usize,
+    evictions: u64,
+    cow_copies: u64,
+}
+
+impl Coverage {
+    fn add(&mut self, c: &Coverage) {
+        self.ops += c.ops;
+        self.gen_ok += c.gen_ok;
+        self.gen_err += c.gen_err;
+        self.gen_tokens += c.gen_tokens;
+        self.stop_token += c.stop_token;
+        self.max_tokens += c.max_tokens;
+        self.context_full += c.context_full;
+        self.never_fits += c.never_fits;
+        self.overflow += c.overflow;
+        self.prefill_errors += c.prefill_errors;
+        self.busy += c.busy;
+        self.empty += c.empty;
+        self.unknown += c.unknown;
+        self.forks += c.forks;
+        self.pins += c.pins;
+        self.freed_generating += c.freed_generating;
+        self.scores += c.scores;
+        self.score_err += c.score_err;
+        self.evictions += c.evictions;
+        self.cow_copies += c.cow_copies;
+    }
+}
+
+struct Harness {
+    model: Arc<LoadedModel>,
+    core: EngineCore,
+    vocab: usize,
+    max_pos: usize,
+    /// Every token each live sequence holds, cached or pending.
+    shadow: BTreeMap<SeqId, Vec<TokenId>>,
+    generating: BTreeMap<SeqId, Outstanding>,
+    pins: Vec<PinId>,
+    freed: Vec<SeqId>,
+    /// Sequences freed while they generated.
+    freed_generating: Vec<SeqId>,
+    cov: Coverage,
+}
+
+impl Harness {
+    fn new(model: Arc<LoadedModel>, blocks: usize) -> Self {
+        let cfg = model.model.config().clone();
+        let core = EngineCore::new(model.clone(), config(&model, blocks)).unwrap();
+        assert_eq!(core.kv().num_blocks(), blocks);
+        Harness {
+            model,
+            core,
+            vocab: cfg.vocab_size,
+            max_pos: cfg.max_position_embeddings,
+            shadow: BTreeMap::new(),
+            generating: BTreeMap::new(),
+            pins: Vec::new(),
+            freed: Vec::new(),
+            freed_generating: Vec::new(),
+            cov: Coverage::default(),
+        }
+    }
+
+    fn live(&self) -> Vec<SeqId> {
+        self.shadow.keys().copied().collect()
+    }
+
+    fn idle(&self) -> Vec<SeqId> {
+        self.live()
+            .into_iter()
+            .filter(|s| !self.generating.contains_key(s))
+            .collect()
+    }
+
+    /// A live sequence most of the time, now and then a freed one.
+    fn target(&self, rng: &mut Rng, idle_only: bool) -> Option<SeqId> {
+        if rng.chance(5) {
+            if let Some(s) = rng.pick(&self.freed) {
+                return Some(s);
+            }
+        }
+        if idle_only {
+            rng.pick(&self.idle())
+        } else {
+            rng.pick(&self.live())
+        }
+    }
+
+    fn expect_unknown<T: std::fmt::Debug>(&mut self, seq: SeqId, r: Result<T, EngineError>) {
+        match r {
+            Err(EngineError::UnknownSequence(s)) if s == seq => self.cov.unknown += 1,
+            Err(EngineError::Kv(treegrpo::kv::KvError::UnknownSequence(s))) if s == seq => {
+                self.cov.unknown += 1
+            }
+            other => panic!("{seq:?} was freed, yet: {other:?}"),
+        }
+    }
+
+    fn gen_params(&self, rng: &mut Rng) -> GenParams {
+        let sampling = if rng.chance(50) {
+            Sampling::Greedy
+        } else {
+            Sampling::Random {
+                temperature: [0.5, 1.0, 1.7][rng.below(3)],
+                top_k: rng.chance(40).then(|| rng.range(1, 20)),
+                top_p: rng.chance(40).then_some(0.9),
+            }
+        };
+        let stop_tokens = if rng.chance(40) {
+            rng.tokens(40, self.vocab)
+        } else {
+            Vec::new()
+        };
+        GenParams {
+            sampling,
+            max_new_tokens: if rng.chance(10) {
+                rng.range(20, 60)
+            } else {
+                rng.range(0, 10)
+            },
+            stop_tokens,
+            stop_strings: Vec::new(),
+            seed: vec![rng.next(), rng.next()],
+        }
+    }
+
+    fn apply(&mut self, rng: &mut Rng, bases: &[Vec<TokenId>]) {
+        self.cov.ops += 1;
+        let roll = rng.below(100);
+        match roll {
+            // add_sequence: often a shared base prompt plus a suffix (prefix-cache hits).
+            0..=11 => {
+                if self.shadow.len() >= 6 {
+                    return;
+                }
+                let mut prompt = if rng.chance(60) {
+                    let base = &bases[rng.below(bases.len())];
+                    base[..rng.range(1, base.len())].to_vec()
+                } else {
+                    Vec::new()
+                };
+                let extra = rng.range(usize::from(prompt.is_empty()), 10);
+                prompt.extend(rng.tokens(extra, self.vocab));
+                let seq = self.core.add_sequence(&prompt).unwrap();
+                assert!(!self.shadow.contains_key(&seq), "{seq:?} reused");
+                self.shadow.insert(seq, prompt);
+            }
+            // fork: any live sequence (a generating one must answer Busy).
+            12..=21 => {
+                let Some(parent) = self.target(rng, false) else {
+                    return;
+                };
+                let r = self.core.fork(parent);
+                if self.freed.contains(&parent) {
+                    return self.expect_unknown(parent, r);
+                }
+                if self.generating.contains_key(&parent) {
+                    assert!(
+                        matches!(r, Err(EngineError::Busy(s)) if s == parent),
+                        "{r:?}"
+                    );
+                    self.cov.busy += 1;
+                    return;
+                }
+                let child = r.unwrap();
+                assert!(!self.shadow.contains_key(&child), "{child:?} reused");
+                let tokens = self.shadow[&parent].clone();
+                self.shadow.insert(child, tokens);
+                self.cov.forks += 1;
+            }
+            // append an observation.
+            22..=31 => {
+                let Some(seq) = self.target(rng, false) else {
+                    return;
+                };
+                let n = rng.range(0, 8);
+                let tokens = rng.tokens(n, self.vocab);
+                let r = self.core.append(seq, &tokens);
+                if self.freed.contains(&seq) {
+                    return self.expect_unknown(seq, r);
+                }
+                if self.generating.contains_key(&seq) {
+                    assert!(matches!(r, Err(EngineError::Busy(s)) if s == seq), "{r:?}");
+                    self.cov.busy += 1;
+                    return;
+                }
+                r.unwrap();
+                self.shadow.get_mut(&seq).unwrap().extend(tokens);
+            }
+            // generate.
+            32..=49 => {
+                let Some(seq) = self.target(rng, false) else {
+                    return;
+                };
+                let params = self.gen_params(rng);
+                let r = self.core.generate(seq, params.clone());
+                if self.freed.contains(&seq) {
+                    return self.expect_unknown(seq, r);
+                }
+                if self.generating.contains_key(&seq) {
+                    assert!(matches!(r, Err(EngineError::Busy(s)) if s == seq), "{r:?}");
+                    self.cov.busy += 1;
+                    return;
+                }
+                match r {
+                    Ok(()) => {
+                        let context = self.shadow[&seq].clone();
+                        self.generating.insert(seq, Outstanding { context, params });
+                    }
+                    // Only after a failed prefill dropped the pending tokens.
+                    Err(EngineError::EmptySequence(s)) if s == seq => self.cov.empty += 1,
+                    Err(e) => panic!("generate on idle {seq:?}: {e}"),
+                }
+            }
+            // step / run_until_idle.
+            50..=65 => {
+                self.core.step().unwrap();
+            }
+            // score (teacher forcing) on an idle sequence.
+            66..=69 => {
+                let Some(seq) = self.target(rng, true) else {
+                    return;
+                };
+                let n = rng.range(0, 6);
+                let tokens = rng.tokens(n, self.vocab);
+                let r = self.core.score(seq, &tokens);
+                if self.freed.contains(&seq) {
+                    return self.expect_unknown(seq, r);
+                }
+                self.check_score(seq, &tokens, r);
+            }
+            70..=74 => {
+                self.core.run_until_idle().unwrap();
+                assert!(!self.core.has_work());
+            }
+            // pin / unpin.
+            75..=78 => {
+                let Some(seq) = self.target(rng, false) else {
+                    return;
+                };
+                let r = self.core.pin(seq);
+                if self.freed.contains(&seq) {
+                    return self.expect_unknown(seq, r);
+                }
+                self.pins.push(r.unwrap());
+                self.cov.pins += 1;
+                if self.pins.len() > 3 {
+                    let pin = self.pins.remove(0);
+                    self.core.unpin(pin).unwrap();
+                }
+            }
+            79..=81 => {
+                if self.pins.is_empty() {
+                    return;
+                }
+                let pin = self.pins.swap_remove(rng.below(self.pins.len()));
+                self.core.unpin(pin).unwrap();
+                assert!(self.core.unpin(pin).is_err(), "a pin released twice");
+            }
+            // free: any live sequence, a generating one included.
+            82..=98 => {
+                let Some(seq) = self.target(rng, false) else {
+                    return;
+                };
+                let r = self.core.free(seq);
+                if self.freed.contains(&seq) {
+                    return self.expect_unknown(seq, r);
+                }
+                r.unwrap();
+                // The core drops a freed sequence's running generation without a
+                // report (see `freeing_a_generating_sequence_reports_its_generation`);
+                // a late report of it is accepted in `collect`.
+                if self.generating.remove(&seq).is_some() {
+                    self.cov.freed_generating += 1;
+                    self.freed_generating.push(seq);
+                }
+                self.shadow.remove(&seq);
+                self.freed.push(seq);
+            }
+            _ => self.core.clear_prefix_cache(),
+        }
+    }
+
+    /// Takes the finished generations and checks each one.
+    fn collect(&mut self) {
+        for (seq, result) in self.core.take_finished() {
+            if self.freed_generating.contains(&seq) {
+                assert!(
+                    result.is_err(),
+                    "{seq:?} was freed, yet finished: {result:?}"
+                );
+                self.freed_generating.retain(|&s| s != seq);
+                continue;
+            }
+            let outstanding = self.generating.remove(&seq);
+            match result {
+                Ok(generation) => {
+                    let o = outstanding
+                        .unwrap_or_else(|| panic!("{seq:?}: a generation nobody started"));
+                    self.check_generation(seq, &o, &generation);
+                    if let Some(s) = self.shadow.get_mut(&seq) {
+                        s.extend(&generation.tokens);
+                    }
+                }
+                Err(e) => {
+                    match &e {
+                        EngineError::NeverFits { .. } => self.cov.never_fits += 1,
+                        EngineError::Model(ModelError::ContextOverflow { .. }) => {
+                            self.cov.overflow += 1
+                        }
+                        other => panic!("{seq:?}: unexpected error {other}"),
+                    }
+                    if outstanding.is_some() {
+                        self.cov.gen_err += 1;
+                    } else {
+                        // A prefill of appended tokens that cannot run.
+                        self.cov.prefill_errors += 1;
+                    }
+                    // Pending tokens are dropped: the sequence holds what is cached.
+                    if self.shadow.contains_key(&seq) {
+                        let cached = self.core.tokens(seq).unwrap().to_vec();
+                        self.shadow.insert(seq, cached);
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_generation(&mut self, seq: SeqId, o: &Outstanding, g: &Generation) {
+        let p = &o.params;
+        let n = g.tokens.len();
+        self.cov.gen_ok += 1;
+        self.cov.gen_tokens += n;
+        assert_eq!(g.logprobs.len(), n, "{seq:?}");
+        assert!(n <= p.max_new_tokens, "{seq:?}: {n} > {}", p.max_new_tokens);
+        assert!(g.tokens.iter().all(|t| !p.stop_tokens.contains(t)));
+        match g.stop {
+            StopReason::MaxTokens => {
+                assert_eq!(n, p.max_new_tokens, "{seq:?}");
+                self.cov.max_tokens += 1;
+            }
+            StopReason::StopToken => {
+                assert!(!p.stop_tokens.is_empty() && n < p.max_new_tokens);
+                self.cov.stop_token += 1;
+            }
+            StopReason::ContextFull => {
+                assert!(
+                    o.context.len() + n >= self.max_pos,
+                    "{seq:?}: early ContextFull"
+                );
+                self.cov.context_full += 1;
+            }
+            StopReason::StopString => panic!("{seq:?}: no stop strings were given"),
+        }
+        if n == 0 {
+            return;
+        }
+        // Token i was sampled from the logits after context ++ tokens[..i].
+        let mut all = o.context.clone();
+        all.extend(&g.tokens[..n - 1]);
+        let rows = logits_all(&self.model, &all);
+        let temperature = match p.sampling {
+            Sampling::Greedy => 1.0,
+            Sampling::Random { temperature, .. } => temperature as f64,
+        };
+        for (i, (&tok, &lp)) in g.tokens.iter().zip(&g.logprobs).enumerate() {
+            let row = &rows[o.context.len() - 1 + i];
+            let scaled: Vec<f64> = row.iter().map(|&l| l as f64 / temperature).collect();
+            let max = scaled.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = max + scaled.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+            let want = scaled[tok as usize] - lse;
+            assert!(
+                (lp as f64 - want).abs() < 2e-3,
+                "{seq:?} token {i} ({tok}): logprob {lp}, a dense forward gives {want}"
+            );
+            if p.sampling == Sampling::Greedy {
+                assert!(
+                    scaled[tok as usize] >= max - 1e-3,
+                    "{seq:?} token {i}: greedy picked {tok}, not the top logit"
+                );
+            }
+        }
+    }
+
+    fn check_score(
+        &mut self,
+        seq: SeqId,
+        tokens: &[TokenId],
+        r: Result<Vec<Vec<f32>>, EngineError>,
+    ) {
+        let known = &self.shadow[&seq];
+        let cached = self.core.tokens(seq).unwrap().len();
+        if known.len() > cached {
+            // Pending tokens (a generation's last token, appended tokens) come first.
+            assert!(matches!(r, Err(EngineError::Busy(s)) if s == seq), "{r:?}");
+            self.cov.busy += 1;
+            return;
+        }
+        if known.len() + tokens.len() > self.max_pos {
+            assert!(r.is_err(), "{seq:?}: scored past the context window");
+            self.cov.score_err += 1;
+            return;
+        }
+        let rows = match r {
+            Ok(rows) => rows,
+            Err(EngineError::Kv(treegrpo::kv::KvError::OutOfBlocks { .. })) => {
+                self.cov.score_err += 1;
+                return;
+            }
+            Err(e) => panic!("{seq:?}: score failed: {e}"),
+        };
+        assert_eq!(rows.len(), tokens.len());
+        let mut all = known.clone();
+        all.extend(tokens);
+        if !tokens.is_empty() {
+            let want = logits_all(&self.model, &all);
+            for (i, row) in rows.iter().enumerate() {
+                let dense = &want[known.len() + i];
+                let diff = max_abs_diff(row, dense);
+                assert!(diff < 1e-3, "{seq:?}: scored row {i} differs by {diff}");
+            }
+        }
+        self.cov.scores += 1;
+        self.shadow.insert(seq, all);
+    }
+
+    /// The checks run after every operation.
+    fn check(&self) {
+        self.core.kv().check_invariants().unwrap();
+        let st = self.core.kv().stats();
+        assert_eq!(st.in_use + st.cached + st.free, st.num_blocks, "{st:?}");
+        for (&seq, tokens) in &self.shadow {
+            let cached = self.core.tokens(seq).unwrap();
+            // A running generation's tokens are cached before they are reported.
+            let n = if self.generating.contains_key(&seq) {
+                cached.len().min(tokens.len())
+            } else {
+                cached.len()
+            };
+            assert!(
+                n <= tokens.len() && cached[..n] == tokens[..n],
+                "{seq:?}: cached {cached:?} is not a prefix of {tokens:?}"
+            );
+        }
+        for seq in &self.freed {
+            assert!(
+                !self.core.kv().contains(*seq),
+                "{seq:?} freed but in the cache"
+            );
+        }
+    }
+
+    /// Drains the work, frees and unpins everything and clears the prefix cache.
+    fn finish(&mut self) {
+        self.core.run_until_idle().unwrap();
+        self.collect();
+        self.check();
+        assert!(
+            self.generating.is_empty(),
+            "generations never reported: {:?}",
+            self.generating.keys().collect::<Vec<_>>()
+        );
+        for seq in self.live() {
+            self.core.free(seq).unwrap();
+            self.shadow.remove(&seq);
+            self.check();
+        }
+        for pin in std::mem::take(&mut self.pins) {
+            self.core.unpin(pin).unwrap();
+            self.check();
+        }
+        assert!(self.core.take_finished().is_empty());
+        self.core.clear_prefix_cache();
+        self.core.kv().check_invariants().unwrap();
+        let st = self.core.stats().kv;
+        assert_eq!(st.in_use, 0, "{st:?}");
+        assert_eq!(st.cached, 0, "{st:?}");
+        assert_eq!(st.pinned, 0, "{st:?}");
+        assert_eq!(st.free, st.num_blocks, "{st:?}");
+        assert!(self.core.kv().sequence_ids().is_empty());
+        assert!(self.core.kv().pin_ids().is_empty());
+    }
+}
+
+fn run(model: &Arc<LoadedModel>, seed: u64, blocks: usize, ops: usize) -> Coverage {
+    let mut rng = Rng::new(seed);
+    let mut h = Harness::new(model.clone(), blocks);
+    let bases: Vec<Vec<TokenId>> = (0..3).map(|_| rng.tokens(12, h.vocab)).collect();
+    for _ in 0..ops {
+        h.apply(&mut rng, &bases);
+        h.collect();
+        h.check();
+    }
+    h.finish();
+    let kv = h.core.stats().kv;
+    let counters = h.core.stats().counters;
+    h.cov.evictions = kv.evictions;
+    h.cov.cow_copies = kv.cow_copies;
+    eprintln!("seed {seed}, {blocks} blocks: {:?}; {counters:?}", h.cov);
+    assert!(counters.sampled >= counters.decoded);
+    h.cov
+}
+
+/// Pools of 12 blocks (a sequence longer than 48 tokens never fits) and of 24 blocks
+/// (everything fits alone; sequences wait for each other and evict cached blocks).
+#[test]
+fn random_engine_operations_keep_the_cache_consistent_and_lose_no_generation() {
+    let model = tiny_model();
+    assert_eq!(model.model.config().max_position_embeddings, 64);
+    let mut total = Coverage::default();
+    let runs = [
+        (1, 12),
+        (2, 24),
+        (3, 12),
+        (4, 32),
+        (5, 16),
+        (6, 48),
+        (7, 20),
+        (8, 64),
+    ];
+    for (seed, blocks) in runs {
+        total.add(&run(&model, seed, blocks, 500));
+    }
+    eprintln!("total over {} runs: {total:?}", runs.len());
+    // The runs reach the paths they are meant to.
+    assert!(total.gen_ok >= 50 && total.gen_tokens >= 100, "{total:?}");
+    assert!(total.stop_token > 0 && total.max_tokens > 0, "{total:?}");
+    assert!(total.never_fits > 0 && total.overflow > 0, "{total:?}");
+    assert!(
+        total.context_full > 0 && total.prefill_errors > 0,
+        "{total:?}"
+    );
+    assert!(
+        total.busy > 0 && total.forks > 20 && total.pins > 10,
+        "{total:?}"
+    );
+    assert!(total.unknown > 0, "{total:?}");
+    assert!(total.evictions > 0 && total.cow_copies > 0, "{total:?}");
+}
+
+/// A generation whose sequence is freed before it finishes must still be reported
+/// (as an error), or an async caller waiting for it would wait forever.
+#[test]
+#[ignore = "bug: EngineCore::free drops a running generation without a take_finished \
+            report, so Engine::generate on that sequence never resolves"]
+fn freeing_a_generating_sequence_reports_its_generation() {
+    let model = tiny_model();
+    let mut core = EngineCore::new(model.clone(), config(&model, 32)).unwrap();
+    let seq = core.add_sequence(&[5, 6, 7, 8, 9]).unwrap();
+    core.generate(seq, GenParams::greedy(8)).unwrap();
+    core.step().unwrap();
+    core.free(seq).unwrap();
+    core.run_until_idle().unwrap();
+    let finished = core.take_finished();
+    assert_eq!(
+        finished.len(),
+        1,
+        "the generation of a freed sequence was dropped"
+    );
+    assert!(finished[0].1.is_err());
+}
+
+/// A token id outside the vocabulary fails its own sequence, not the whole batch.
+#[test]
+#[ignore = "bug: add_sequence/append accept ids >= vocab_size; the forward then fails \
+            every step for the whole batch and the bad sequence is never removed"]
+fn an_out_of_vocabulary_token_fails_only_its_sequence() {
+    let model = tiny_model();
+    let vocab = model.model.config().vocab_size as TokenId;
+    let mut core = EngineCore::new(model.clone(), config(&model, 32)).unwrap();
+    let good = core.add_sequence(&[5, 6, 7]).unwrap();
+    let bad = core.add_sequence(&[5, vocab + 3]).unwrap();
+    core.generate(good, GenParams::greedy(4)).unwrap();
+    core.generate(bad, GenParams::greedy(4)).unwrap();
+    let mut steps = 0;
+    while core.has_work() && steps < 50 {
+        let _ = core.step();
+        steps += 1;
+    }
+    let finished: BTreeMap<SeqId, bool> = core
+        .take_finished()
+        .into_iter()
+        .map(|(s, r)| (s, r.is_ok()))
+        .collect();
+    assert_eq!(finished.get(&good), Some(&true), "{finished:?}");
+    assert_eq!(finished.get(&bad), Some(&false), "{finished:?}");
+}
