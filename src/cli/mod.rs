@@ -3,6 +3,7 @@
 mod data;
 mod generate;
 mod model;
+mod rollout;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +22,8 @@ enum Command {
     Model(model::ModelCommand),
     /// Generate a completion for one prompt.
     Generate(generate::GenerateArgs),
+    /// Tree-GRPO rollouts (or GRPO chains) on a built-in task, exported for trainers.
+    Rollout(rollout::RolloutArgs),
     /// Generate data sets for the built-in environments.
     #[command(subcommand)]
     Data(data::DataCommand),
@@ -32,6 +35,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Model(c) => model::run(c),
         Command::Generate(a) => generate::run(a),
         Command::Data(c) => data::run(c),
+        Command::Rollout(a) => rollout::run(a),
     }
 }
 

@@ -34,6 +34,8 @@ pub struct EngineConfig {
     pub max_batch_tokens: usize,
     /// Most sequences in one forward.
     pub max_batch_seqs: usize,
+    /// Let new sequences start from cached blocks of an identical prompt prefix.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
@@ -43,6 +45,7 @@ impl Default for EngineConfig {
             block_size: 16,
             max_batch_tokens: 512,
             max_batch_seqs: 64,
+            prefix_cache: true,
         }
     }
 }
@@ -94,6 +97,9 @@ pub struct EngineCore {
     config: EngineConfig,
     seqs: BTreeMap<SeqId, SeqState>,
     finished: Vec<(SeqId, Result<Generation, EngineError>)>,
+    /// Sequences whose caller waits for their pending tokens to be computed.
+    flushing: Vec<SeqId>,
+    flushed: Vec<(SeqId, Result<(), EngineError>)>,
     counters: EngineCounters,
 }
 
@@ -112,6 +118,8 @@ impl EngineCore {
             config,
             seqs: BTreeMap::new(),
             finished: Vec::new(),
+            flushing: Vec::new(),
+            flushed: Vec::new(),
             counters: EngineCounters::default(),
         })
     }
@@ -153,7 +161,11 @@ impl EngineCore {
             }
             .into());
         }
-        let (seq, cached) = self.kv.start_sequence(prompt);
+        let (seq, cached) = if self.config.prefix_cache {
+            self.kv.start_sequence(prompt)
+        } else {
+            (self.kv.new_sequence(), 0)
+        };
         self.counters.reused_prefix_cache += cached as u64;
         self.seqs.insert(
             seq,
@@ -275,6 +287,43 @@ impl EngineCore {
             s.last_logits = rows.last().cloned().map(Arc::new);
         }
         Ok(rows)
+    }
+
+    /// Computes `seq`'s pending tokens (prompt, appended observation, a generation's
+    /// last token) without generating; completion appears in [`Self::take_flushed`].
+    /// Afterwards the sequence holds the logits of its last position, so forks of it
+    /// sample their first token without computing anything.
+    pub fn prefill(&mut self, seq: SeqId) -> Result<(), EngineError> {
+        let s = self.state(seq)?;
+        if s.generating.is_some() {
+            return Err(EngineError::Busy(seq));
+        }
+        if s.pending.is_empty() {
+            self.flushed.push((seq, Ok(())));
+        } else {
+            s.runnable = true;
+            self.flushing.push(seq);
+        }
+        Ok(())
+    }
+
+    /// Prefills finished since the last call.
+    pub fn take_flushed(&mut self) -> Vec<(SeqId, Result<(), EngineError>)> {
+        let seqs = &self.seqs;
+        let (done, still): (Vec<SeqId>, Vec<SeqId>) = self
+            .flushing
+            .drain(..)
+            .partition(|q| seqs.get(q).is_none_or(|s| s.pending.is_empty()));
+        self.flushing = still;
+        for q in done {
+            let r = if self.seqs.contains_key(&q) {
+                Ok(())
+            } else {
+                Err(EngineError::UnknownSequence(q))
+            };
+            self.flushed.push((q, r));
+        }
+        std::mem::take(&mut self.flushed)
     }
 
     /// Drops a sequence; its blocks return to the pool (or the prefix cache).
@@ -442,6 +491,9 @@ impl EngineCore {
             self.counters.decoded += decoded as u64;
             self.counters.prefilled += (n - decoded) as u64;
             if s.pending.is_empty() {
+                if s.generating.is_none() {
+                    s.runnable = false;
+                }
                 let last = logits.rows.into_iter().last().map(Arc::new);
                 s.last_logits = last.clone();
                 if let (Some(logits), true) = (last, s.generating.is_some()) {

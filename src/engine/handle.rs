@@ -26,6 +26,7 @@ enum Command {
     Fork(SeqId, Reply<SeqId>),
     Append(SeqId, Vec<TokenId>, Reply<()>),
     Generate(SeqId, GenParams, Reply<Generation>),
+    Prefill(SeqId, Reply<()>),
     Free(SeqId, Reply<()>),
     Pin(SeqId, Reply<PinId>),
     Unpin(PinId, Reply<()>),
@@ -104,6 +105,12 @@ impl Engine {
         self.call(|r| Command::Generate(seq, params, r)).await
     }
 
+    /// Computes `seq`'s pending tokens now; afterwards forks of it start generating
+    /// without recomputing anything.
+    pub async fn prefill(&self, seq: SeqId) -> Result<(), EngineError> {
+        self.call(|r| Command::Prefill(seq, r)).await
+    }
+
     pub async fn free(&self, seq: SeqId) -> Result<(), EngineError> {
         self.call(|r| Command::Free(seq, r)).await
     }
@@ -133,6 +140,7 @@ impl Engine {
 /// The engine thread: apply commands, step while there is work, deliver results.
 fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
     let mut waiting: std::collections::HashMap<SeqId, Reply<Generation>> = Default::default();
+    let mut flushing: std::collections::HashMap<SeqId, Reply<()>> = Default::default();
     loop {
         // Block for a command only when idle; otherwise take what has arrived.
         let first = if core.has_work() {
@@ -149,7 +157,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
         };
         let mut next = first;
         while let Some(cmd) = next {
-            apply(&mut core, cmd, &mut waiting);
+            apply(&mut core, cmd, &mut waiting, &mut flushing);
             next = rx.try_recv().ok();
         }
         if core.has_work() {
@@ -157,15 +165,26 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
                 // A failed forward fails every waiting generation: nothing is dropped
                 // silently, and the engine keeps serving.
                 let msg = e.to_string();
+                let failed = || {
+                    EngineError::Model(crate::model::ModelError::KvStore(format!(
+                        "forward failed: {msg}"
+                    )))
+                };
                 for (_, reply) in waiting.drain() {
-                    let _ = reply.send(Err(EngineError::Model(crate::model::ModelError::KvStore(
-                        format!("forward failed: {msg}"),
-                    ))));
+                    let _ = reply.send(Err(failed()));
+                }
+                for (_, reply) in flushing.drain() {
+                    let _ = reply.send(Err(failed()));
                 }
             }
         }
         for (seq, result) in core.take_finished() {
             if let Some(reply) = waiting.remove(&seq) {
+                let _ = reply.send(result);
+            }
+        }
+        for (seq, result) in core.take_flushed() {
+            if let Some(reply) = flushing.remove(&seq) {
                 let _ = reply.send(result);
             }
         }
@@ -176,6 +195,7 @@ fn apply(
     core: &mut EngineCore,
     cmd: Command,
     waiting: &mut std::collections::HashMap<SeqId, Reply<Generation>>,
+    flushing: &mut std::collections::HashMap<SeqId, Reply<()>>,
 ) {
     match cmd {
         Command::Add(prompt, r) => drop(r.send(core.add_sequence(&prompt))),
@@ -184,6 +204,12 @@ fn apply(
         Command::Generate(seq, params, r) => match core.generate(seq, params) {
             Ok(()) => {
                 waiting.insert(seq, r);
+            }
+            Err(e) => drop(r.send(Err(e))),
+        },
+        Command::Prefill(seq, r) => match core.prefill(seq) {
+            Ok(()) => {
+                flushing.insert(seq, r);
             }
             Err(e) => drop(r.send(Err(e))),
         },

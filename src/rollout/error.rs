@@ -1,5 +1,8 @@
 //! The rollout layer's error type.
 
+use std::path::PathBuf;
+
+use crate::advantage::AdvantageError;
 use crate::engine::EngineError;
 use crate::env::EnvError;
 use crate::model::ModelError;
@@ -12,4 +15,10 @@ pub enum RolloutError {
     Env(#[from] EnvError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    #[error("advantages: {0}")]
+    Advantage(#[from] AdvantageError),
+    #[error("{0}: {1}")]
+    Io(PathBuf, std::io::Error),
+    #[error("a rollout task failed: {0}")]
+    Task(String),
 }

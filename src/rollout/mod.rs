@@ -1,15 +1,29 @@
-//! The rollout layer: agent trajectories (and, next, trees of them) driven through the
-//! engine and an environment.
+//! The rollout layer: agent trajectories and trees of them, driven through the engine
+//! and an environment, scored and exported.
 //!
 //! - [`trajectory`]: one finished trajectory in the trainer's shape (token ids, loss
 //!   mask, logprobs, reward).
-//! - [`episode`]: runs one agent episode step by step: generate to a closing action tag,
-//!   let the environment answer, append the observation as masked prompt tokens.
+//! - [`episode`]: runs one agent episode step by step.
+//! - [`forest`]: trees of agent steps as plain data.
+//! - [`select`]: which nodes grow branches (`paper` / `reference`).
+//! - [`sampler`]: the tree sampler (M trees, N branches, L rounds, K kept) and the
+//!   chain baseline, with fork-based prefix reuse or reference-style recomputation.
+//! - [`export`]: advantages and per-leaf records from finished trees.
+//! - [`run`]: a whole run over many prompts: progress, ordered output, summary.
 
 pub mod episode;
 pub mod error;
+pub mod export;
+pub mod forest;
+pub mod run;
+pub mod sampler;
+pub mod select;
 pub mod trajectory;
 
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;
+pub use forest::{Node, Tree};
+pub use run::{run_rollout, Output, Progress, RunSummary};
+pub use sampler::TreeConfig;
+pub use select::Selection;
 pub use trajectory::Trajectory;

@@ -1,0 +1,201 @@
+//! `treegrpo rollout`: tree (or chain) rollouts on a built-in task, written for trainers.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use treegrpo::advantage::AdvantageMode;
+use treegrpo::engine::{Engine, EngineConfig, Sampling};
+use treegrpo::env::{load_samples, CalcEnv, EnvConfig, Environment, SearchQaEnv, DEFAULT_TOP_K};
+use treegrpo::rollout::{run_rollout, Output, RunSummary, Selection, TreeConfig};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Task {
+    /// Multi-hop QA over a local corpus with a BM25 search tool.
+    SearchQa,
+    /// Arithmetic word problems with a calculator tool.
+    Calc,
+}
+
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    #[arg(long, value_enum, default_value = "search-qa")]
+    pub task: Task,
+    /// Data folder (search-qa: corpus.jsonl + train.jsonl; calc: train.jsonl).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// A .gguf file or an HF directory (default: the default model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Number of prompts (questions) to roll out.
+    #[arg(long, default_value_t = 8)]
+    pub prompts: usize,
+    /// M: trees per prompt.
+    #[arg(long, default_value_t = 2)]
+    pub trees: usize,
+    /// N: branches per tree per expansion round.
+    #[arg(long, default_value_t = 2)]
+    pub expand: usize,
+    /// L: expansion rounds.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// K: leaves kept per tree at random.
+    #[arg(long)]
+    pub keep: Option<usize>,
+    /// G independent chains per prompt instead of trees (the GRPO baseline).
+    #[arg(long, conflicts_with_all = ["trees", "expand", "rounds", "keep"])]
+    pub chains: Option<usize>,
+    /// Node selection: paper (distinct inner nodes) or reference (with replacement, root included).
+    #[arg(long, default_value = "paper")]
+    pub select: Selection,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Most tokens per agent step.
+    #[arg(long, default_value_t = 256)]
+    pub max_step_tokens: usize,
+    /// Tool turns before the forced answer turn.
+    #[arg(long, default_value_t = 3)]
+    pub turns: usize,
+    /// Re-send and recompute every branch's whole prefix, as the reference does.
+    #[arg(long)]
+    pub no_prefix_reuse: bool,
+    /// Advantage: tree, tree-2norm, inter, intra or grpo.
+    #[arg(long)]
+    pub advantage: Option<AdvantageMode>,
+    /// Most sequences per forward (results do not depend on it).
+    #[arg(long, default_value_t = 64)]
+    pub max_batch_seqs: usize,
+    /// KV cache budget in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub kv_mib: usize,
+    /// Output folder (trajectories.jsonl, forest.jsonl, summary.json).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+fn default_data(task: Task) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data");
+    match task {
+        Task::SearchQa => root.join("multihop"),
+        Task::Calc => root.join("calc"),
+    }
+}
+
+impl RolloutArgs {
+    pub fn tree_config(&self) -> TreeConfig {
+        let sampling = Sampling::from_temperature(Some(self.temperature));
+        let mut cfg = match self.chains {
+            Some(g) => TreeConfig::chains(g, sampling, self.seed),
+            None => TreeConfig {
+                trees: self.trees,
+                expand: self.expand,
+                rounds: self.rounds,
+                keep: self.keep,
+                selection: self.select,
+                sampling,
+                max_step_tokens: self.max_step_tokens,
+                seed: self.seed,
+                prefix_reuse: true,
+            },
+        };
+        cfg.max_step_tokens = self.max_step_tokens;
+        cfg.prefix_reuse = !self.no_prefix_reuse;
+        cfg
+    }
+}
+
+/// Builds the engine, environment and samples, then runs.
+pub async fn execute(
+    a: &RolloutArgs,
+    engine: Engine,
+    cfg: TreeConfig,
+    out: Option<Output>,
+) -> anyhow::Result<RunSummary> {
+    let data = a.data.clone().unwrap_or_else(|| default_data(a.task));
+    let env_cfg = EnvConfig {
+        max_turns: a.turns,
+        ..EnvConfig::default()
+    };
+    let env: Arc<dyn Environment> = match a.task {
+        Task::SearchQa => Arc::new(SearchQaEnv::from_corpus_file(
+            &data.join("corpus.jsonl"),
+            DEFAULT_TOP_K,
+            env_cfg,
+        )?),
+        Task::Calc => Arc::new(CalcEnv::new(env_cfg)?),
+    };
+    let mut samples = load_samples(&data.join("train.jsonl"))?;
+    samples.truncate(a.prompts);
+    let advantage = a.advantage.unwrap_or(if a.chains.is_some() {
+        AdvantageMode::Grpo
+    } else {
+        AdvantageMode::Tree
+    });
+    let mut progress = |p: treegrpo::rollout::Progress| {
+        eprint!(
+            "\r[{}/{} prompts] {} rollouts, {} tokens computed, {:.0} tok/s   ",
+            p.prompts_done,
+            p.prompts,
+            p.rollouts,
+            p.computed_tokens,
+            p.computed_tokens as f64 / p.seconds.max(1e-9)
+        );
+        let _ = std::io::stderr().flush();
+    };
+    let (summary, _) =
+        run_rollout(engine, env, samples, cfg, advantage, out, &mut progress).await?;
+    eprintln!();
+    Ok(summary)
+}
+
+pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
+    let model = Arc::new(super::load_model(a.model.as_deref())?);
+    let engine = Engine::start(
+        model,
+        EngineConfig {
+            kv_budget_bytes: a.kv_mib << 20,
+            max_batch_seqs: a.max_batch_seqs,
+            prefix_cache: !a.no_prefix_reuse,
+            ..EngineConfig::default()
+        },
+    )?;
+    let out = a.out.as_deref().map(Output::create).transpose()?;
+    let cfg = a.tree_config();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let summary = rt.block_on(execute(&a, engine, cfg, out))?;
+    print_summary(&summary);
+    if let Some(dir) = &a.out {
+        println!(
+            "wrote {}/trajectories.jsonl, forest.jsonl, summary.json",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+pub fn print_summary(s: &RunSummary) {
+    let t = &s.tokens;
+    println!("| prompts | rollouts | mean reward | prompt prefilled | obs prefilled | decoded | reused | recomputed | computed / rollout | tool calls | wall s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {:.3} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} |",
+        s.prompts,
+        s.rollouts,
+        s.mean_reward,
+        t.prompt_prefilled,
+        t.observation_prefilled,
+        t.decoded,
+        t.reused,
+        t.recomputed,
+        s.tokens_computed_per_rollout,
+        s.tool_calls,
+        s.wall_seconds
+    );
+}

@@ -1,0 +1,91 @@
+//! From finished trees to what trainers read: per-leaf trajectories with advantages,
+//! and the trees themselves with step values.
+
+use crate::advantage::{
+    leaf_advantages, step_values, AdvantageError, AdvantageMode, NodeIdx, NodeView, PromptForest,
+    TreeView,
+};
+use crate::model::TokenId;
+
+use super::forest::Tree;
+use super::trajectory::Trajectory;
+
+/// One line of `trajectories.jsonl`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct TrajectoryRecord {
+    pub prompt_uid: String,
+    pub tree_id: usize,
+    pub leaf_id: usize,
+    pub node_path: Vec<usize>,
+    #[serde(flatten)]
+    pub trajectory: Trajectory,
+    pub advantage: f64,
+}
+
+/// The advantage module's view of a prompt's trees.
+fn views(trees: &[Tree]) -> Vec<TreeView> {
+    trees
+        .iter()
+        .map(|t| TreeView {
+            nodes: t
+                .nodes
+                .iter()
+                .map(|n| {
+                    let base = match (n.parent, n.reward) {
+                        (None, _) => NodeView::root(),
+                        (Some(p), Some(r)) if n.terminal => NodeView::leaf(Some(p), r),
+                        (Some(p), _) => NodeView::step(p),
+                    };
+                    let mut mask = vec![true; n.tokens.len()];
+                    mask.extend(std::iter::repeat_n(false, n.obs_tokens.len()));
+                    base.with_loss_mask(mask)
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Fills in values and advantages on the trees and returns one record per leaf.
+pub fn score_forest(
+    prompt_ids: &[TokenId],
+    trees: &mut [Tree],
+    mode: AdvantageMode,
+) -> Result<Vec<TrajectoryRecord>, AdvantageError> {
+    let forest = PromptForest::new(views(trees))?;
+    let leaf_adv = leaf_advantages(&forest, mode);
+    let values = step_values(&forest);
+    for (t, tree) in trees.iter_mut().enumerate() {
+        for (n, node) in tree.nodes.iter_mut().enumerate() {
+            if let Some(v) = values.trees.get(t).and_then(|vs| vs.get(n)) {
+                node.value = Some(v.value);
+                node.advantage = Some(v.advantage);
+            }
+            if let Some(a) = leaf_adv.get(t, NodeIdx(n)) {
+                node.advantage = Some(a);
+            }
+        }
+    }
+    let mut records = Vec::new();
+    for (t, tree) in trees.iter().enumerate() {
+        for leaf in tree.leaves() {
+            let path = tree.path(leaf.id);
+            let mut traj = Trajectory::new(prompt_ids.to_vec());
+            for &id in path.iter().skip(1) {
+                let n = &tree.nodes[id];
+                traj.push_model(&n.tokens, &n.logprobs);
+                traj.push_observation(&n.obs_tokens);
+            }
+            traj.reward = leaf.reward.unwrap_or(0.0);
+            traj.num_turns = leaf.depth;
+            records.push(TrajectoryRecord {
+                prompt_uid: tree.prompt_uid.clone(),
+                tree_id: t,
+                leaf_id: leaf.id,
+                node_path: path,
+                trajectory: traj,
+                advantage: leaf_adv.get(t, NodeIdx(leaf.id)).unwrap_or(0.0),
+            });
+        }
+    }
+    Ok(records)
+}

@@ -1,0 +1,98 @@
+//! Trees of agent steps, as plain data: what the sampler grows and the export writes.
+//!
+//! Node 0 of every tree is the root (the prompt, no tokens). Every other node is one
+//! whole agent step: the model's tokens (thought and action, loss mask 1) and the
+//! observation the environment answered with (prompt tokens, loss mask 0). A node whose
+//! episode ended is a leaf: a finished trajectory with a reward.
+
+use serde::{Deserialize, Serialize};
+
+use crate::env::Action;
+use crate::model::TokenId;
+
+/// One agent step (or the root).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Node {
+    pub id: usize,
+    pub parent: Option<usize>,
+    pub depth: usize,
+    /// Generated tokens of this step and their logprobs.
+    pub tokens: Vec<TokenId>,
+    pub logprobs: Vec<f32>,
+    /// Observation tokens appended after this step (empty for a leaf).
+    pub obs_tokens: Vec<TokenId>,
+    pub text: String,
+    pub action: Option<Action>,
+    pub observation: Option<String>,
+    /// The episode ended with this step.
+    pub terminal: bool,
+    /// The trajectory's reward, on leaves.
+    pub reward: Option<f64>,
+    /// Mean reward of the leaves below (filled in after scoring).
+    pub value: Option<f64>,
+    /// The leaf's advantage (leaves) or the step's value advantage (inner nodes).
+    pub advantage: Option<f64>,
+}
+
+impl Node {
+    pub fn root() -> Self {
+        Node {
+            id: 0,
+            parent: None,
+            depth: 0,
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            obs_tokens: Vec::new(),
+            text: String::new(),
+            action: None,
+            observation: None,
+            terminal: false,
+            reward: None,
+            value: None,
+            advantage: None,
+        }
+    }
+}
+
+/// One tree of a prompt's forest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tree {
+    pub prompt_uid: String,
+    pub tree_id: usize,
+    pub nodes: Vec<Node>,
+}
+
+impl Tree {
+    pub fn new(prompt_uid: String, tree_id: usize) -> Self {
+        Tree {
+            prompt_uid,
+            tree_id,
+            nodes: vec![Node::root()],
+        }
+    }
+
+    pub fn leaves(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.iter().filter(|n| n.terminal)
+    }
+
+    /// Step nodes whose episode goes on: where a branch may be grown.
+    pub fn inner_steps(&self) -> Vec<usize> {
+        self.nodes
+            .iter()
+            .filter(|n| n.depth > 0 && !n.terminal)
+            .map(|n| n.id)
+            .collect()
+    }
+
+    /// Node ids from the root to `id`, both included.
+    pub fn path(&self, id: usize) -> Vec<usize> {
+        let mut path = vec![id];
+        let mut cur = id;
+        while let Some(p) = self.nodes.get(cur).and_then(|n| n.parent) {
+            path.push(p);
+            cur = p;
+        }
+        path.reverse();
+        path
+    }
+}

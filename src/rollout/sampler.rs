@@ -1,0 +1,356 @@
+//! The tree sampler (Tree-GRPO) and its chain baseline, over one shared engine.
+//!
+//! Per prompt: the prompt is prefilled once; M trees start from it (each a fork: the
+//! prompt's KV is shared, not recomputed); each tree first grows one chain. Then, L
+//! times, N nodes per tree are selected and a branch is grown from each: the branch
+//! forks the node's snapshot — a sequence kept at the node's end, with its observation
+//! already computed and the logits of its last position in hand — so a branch's first
+//! token is sampled without computing anything. With `prefix_reuse` off, a branch
+//! instead re-sends its whole prefix as a new prompt, as the reference implementation
+//! does, and those tokens are counted as recomputed.
+//!
+//! All prompts, trees and branches run as concurrent tasks: their steps share the
+//! engine's batches, and each waits for its tool without holding the others up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinSet;
+
+use crate::engine::{Engine, GenParams, Sampling, SeqRng};
+use crate::env::{Environment, Episode, QaSample};
+use crate::kv::SeqId;
+use crate::model::TokenId;
+
+use super::error::RolloutError;
+use super::forest::{Node, Tree};
+use super::select::{select_nodes, Selection};
+
+/// Shape of the search and how to sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TreeConfig {
+    /// M: trees per prompt.
+    pub trees: usize,
+    /// N: branches grown per tree per round.
+    pub expand: usize,
+    /// L: expansion rounds.
+    pub rounds: usize,
+    /// K: leaves kept per tree at random (all when `None`).
+    pub keep: Option<usize>,
+    pub selection: Selection,
+    pub sampling: Sampling,
+    pub max_step_tokens: usize,
+    pub seed: u64,
+    /// Fork branches from cached prefixes (on) or re-send every prefix (off).
+    pub prefix_reuse: bool,
+}
+
+impl TreeConfig {
+    /// G independent chains per prompt: the GRPO baseline.
+    pub fn chains(g: usize, sampling: Sampling, seed: u64) -> Self {
+        TreeConfig {
+            trees: g,
+            expand: 0,
+            rounds: 0,
+            keep: None,
+            selection: Selection::Paper,
+            sampling,
+            max_step_tokens: 256,
+            seed,
+            prefix_reuse: true,
+        }
+    }
+}
+
+/// Tokens the sampler itself accounts for (the engine counts the rest).
+#[derive(Debug, Default)]
+pub struct SamplerTally {
+    /// Observation tokens appended to sequences.
+    pub observation_tokens: AtomicU64,
+    /// Prefix tokens re-sent because prefix reuse was off.
+    pub recomputed: AtomicU64,
+    pub tool_calls: AtomicU64,
+}
+
+/// A step node as grown, plus what is needed to branch from it later.
+struct Grown {
+    node: Node,
+    /// The sequence kept at the node's end (inner nodes only).
+    snapshot: Option<SeqId>,
+    episode: Episode,
+}
+
+/// What a node needs at run time: its snapshot sequence and episode state.
+struct NodeRuntime {
+    snapshot: Option<SeqId>,
+    episode: Episode,
+}
+
+/// Shared by every task of a run.
+pub struct SamplerContext {
+    pub engine: Engine,
+    pub env: Arc<dyn Environment>,
+    pub config: TreeConfig,
+    pub tally: SamplerTally,
+}
+
+/// Grows one prompt's forest to the end.
+pub async fn sample_prompt_forest(
+    ctx: Arc<SamplerContext>,
+    prompt_index: u64,
+    sample: QaSample,
+) -> Result<Vec<Tree>, RolloutError> {
+    let cfg = &ctx.config;
+    let episode = ctx.env.start(&sample);
+    let prompt_ids = ctx.engine.model().chat_prompt(episode.prompt())?;
+    let uid = sample.id.to_string();
+    // The prompt, prefilled once: every tree forks from it. Without prefix reuse each
+    // chain sends the prompt itself, so no shared root is computed.
+    let root = if cfg.prefix_reuse {
+        let root = ctx.engine.add_sequence(prompt_ids.clone()).await?;
+        ctx.engine.prefill(root).await?;
+        Some(root)
+    } else {
+        None
+    };
+
+    let mut trees: Vec<Tree> = (0..cfg.trees).map(|t| Tree::new(uid.clone(), t)).collect();
+    let mut runtime: Vec<HashMap<usize, NodeRuntime>> = (0..cfg.trees)
+        .map(|_| {
+            HashMap::from([(
+                0,
+                NodeRuntime {
+                    snapshot: root,
+                    episode: episode.clone(),
+                },
+            )])
+        })
+        .collect();
+    let mut branch_counter = vec![0u64; cfg.trees];
+
+    // Round 0: one chain per tree; rounds 1..=L: N branches per tree.
+    for round in 0..=cfg.rounds {
+        let mut jobs = JoinSet::new();
+        for t in 0..cfg.trees {
+            let starts = if round == 0 {
+                vec![0]
+            } else {
+                let mut rng =
+                    SeqRng::from_parts(&[cfg.seed, prompt_index, t as u64, round as u64, 0x5E1]);
+                select_nodes(cfg.selection, &trees[t].inner_steps(), cfg.expand, &mut rng)
+            };
+            for start in starts {
+                let branch = branch_counter[t];
+                branch_counter[t] += 1;
+                let rt = &runtime[t][&start];
+                let snapshot = rt.snapshot;
+                let ep = rt.episode.clone();
+                let prefix = if cfg.prefix_reuse {
+                    None
+                } else {
+                    Some(prefix_tokens(&prompt_ids, &trees[t], start))
+                };
+                let depth = trees[t].nodes[start].depth;
+                let seed = vec![cfg.seed, prompt_index, t as u64, branch];
+                // Everything but the very first chain re-sends tokens computed before.
+                let resent = round > 0 || t > 0;
+                let ctx = ctx.clone();
+                jobs.spawn(async move {
+                    let grown = grow_branch(&ctx, snapshot, prefix, resent, ep, depth, seed).await;
+                    (t, branch, start, grown)
+                });
+            }
+        }
+        let mut results = Vec::new();
+        while let Some(joined) = jobs.join_next().await {
+            let (t, branch, start, grown) = joined.map_err(|e| {
+                RolloutError::Engine(crate::engine::EngineError::Model(
+                    crate::model::ModelError::KvStore(format!("branch task failed: {e}")),
+                ))
+            })?;
+            results.push((t, branch, start, grown?));
+        }
+        // Insert in a fixed order so node ids do not depend on task timing.
+        results.sort_by_key(|&(t, branch, _, _)| (t, branch));
+        for (t, _, start, chain) in results {
+            let mut parent = start;
+            for g in chain {
+                let id = trees[t].nodes.len();
+                let mut node = g.node;
+                node.id = id;
+                node.parent = Some(parent);
+                trees[t].nodes.push(node);
+                runtime[t].insert(
+                    id,
+                    NodeRuntime {
+                        snapshot: g.snapshot,
+                        episode: g.episode,
+                    },
+                );
+                parent = id;
+            }
+        }
+    }
+
+    // Release every snapshot; the root sequence is shared by all trees.
+    let mut freed = std::collections::HashSet::new();
+    for rt in runtime.iter().flat_map(|m| m.values()) {
+        if let Some(s) = rt.snapshot {
+            if freed.insert(s) {
+                ctx.engine.free(s).await?;
+            }
+        }
+    }
+    if let Some(k) = cfg.keep {
+        for (t, tree) in trees.iter_mut().enumerate() {
+            let mut rng = SeqRng::from_parts(&[cfg.seed, prompt_index, t as u64, 0x4EE9]);
+            keep_leaves(tree, k, &mut rng);
+        }
+    }
+    Ok(trees)
+}
+
+/// Prompt plus every token on the path to `node` (model and observation tokens).
+fn prefix_tokens(prompt: &[TokenId], tree: &Tree, node: usize) -> Vec<TokenId> {
+    let mut out = prompt.to_vec();
+    for id in tree.path(node).into_iter().skip(1) {
+        let n = &tree.nodes[id];
+        out.extend_from_slice(&n.tokens);
+        out.extend_from_slice(&n.obs_tokens);
+    }
+    out
+}
+
+/// Grows a branch from a node to the end of its episode.
+async fn grow_branch(
+    ctx: &SamplerContext,
+    snapshot: Option<SeqId>,
+    prefix: Option<Vec<TokenId>>,
+    resent: bool,
+    mut episode: Episode,
+    start_depth: usize,
+    seed: Vec<u64>,
+) -> Result<Vec<Grown>, RolloutError> {
+    let engine = &ctx.engine;
+    let model = engine.model().clone();
+    let seq = match (&prefix, snapshot) {
+        (Some(tokens), _) => {
+            // Reference behaviour: the whole prefix is sent again and recomputed.
+            if resent {
+                ctx.tally
+                    .recomputed
+                    .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+            }
+            engine.add_sequence(tokens.clone()).await?
+        }
+        (None, Some(s)) => engine.fork(s).await?,
+        (None, None) => {
+            return Err(RolloutError::Engine(
+                crate::engine::EngineError::EmptySequence(SeqId::from_slot(usize::MAX)),
+            ))
+        }
+    };
+    let stop_strings = ctx.env.stop_strings();
+    let stop_tokens = model.tokenizer.eos_ids().to_vec();
+    let mut out = Vec::new();
+    let mut depth = start_depth;
+    let result = async {
+        while !episode.is_done() {
+            let mut s = seed.clone();
+            s.push(depth as u64);
+            let gen = engine
+                .generate(
+                    seq,
+                    GenParams {
+                        sampling: ctx.config.sampling,
+                        max_new_tokens: ctx.config.max_step_tokens,
+                        stop_tokens: stop_tokens.clone(),
+                        stop_strings: stop_strings.clone(),
+                        seed: s,
+                    },
+                )
+                .await?;
+            depth += 1;
+            let text = model.tokenizer.decode(&gen.tokens)?;
+            let outcome = ctx.env.step(&mut episode, &text).await?;
+            if matches!(
+                outcome.action,
+                crate::env::Action::Search(_) | crate::env::Action::Calc(_)
+            ) {
+                ctx.tally.tool_calls.fetch_add(1, Ordering::Relaxed);
+            }
+            let mut node = Node::root();
+            node.depth = depth;
+            node.tokens = gen.tokens;
+            node.logprobs = gen.logprobs;
+            node.text = text;
+            node.action = Some(outcome.action.clone());
+            node.observation = outcome.observation.clone();
+            node.terminal = outcome.done;
+            let mut snap = None;
+            if !outcome.done {
+                if let Some(obs) = &outcome.observation {
+                    let ids = model.tokenizer.encode(obs, false)?;
+                    ctx.tally
+                        .observation_tokens
+                        .fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    engine.append(seq, ids.clone()).await?;
+                    node.obs_tokens = ids;
+                }
+                // Compute the observation now and keep a snapshot of the node's end,
+                // so later branches from here start without recomputing anything.
+                engine.prefill(seq).await?;
+                if ctx.config.prefix_reuse && ctx.config.rounds > 0 {
+                    snap = Some(engine.fork(seq).await?);
+                }
+            } else {
+                let score = ctx.env.score(&episode);
+                node.reward = Some(score.reward);
+            }
+            out.push(Grown {
+                node,
+                snapshot: snap,
+                episode: episode.clone(),
+            });
+        }
+        Ok::<(), RolloutError>(())
+    }
+    .await;
+    engine.free(seq).await?;
+    result?;
+    Ok(out)
+}
+
+/// Keeps `k` leaves chosen at random and drops nodes left without a leaf below.
+fn keep_leaves(tree: &mut Tree, k: usize, rng: &mut SeqRng) {
+    let mut leaves: Vec<usize> = tree.leaves().map(|n| n.id).collect();
+    if leaves.len() <= k {
+        return;
+    }
+    for i in 0..k {
+        let j = i + (rng.next_u64() % (leaves.len() - i) as u64) as usize;
+        leaves.swap(i, j);
+    }
+    leaves.truncate(k);
+    let mut keep = vec![false; tree.nodes.len()];
+    for &l in &leaves {
+        for id in tree.path(l) {
+            keep[id] = true;
+        }
+    }
+    let mut remap = vec![usize::MAX; tree.nodes.len()];
+    let mut nodes = Vec::new();
+    for n in &tree.nodes {
+        if keep[n.id] {
+            remap[n.id] = nodes.len();
+            nodes.push(n.clone());
+        }
+    }
+    for n in nodes.iter_mut() {
+        n.id = remap[n.id];
+        n.parent = n.parent.map(|p| remap[p]);
+    }
+    tree.nodes = nodes;
+}
