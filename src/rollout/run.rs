@@ -33,6 +33,9 @@ pub struct TokenSummary {
     pub decoded: u64,
     /// Tokens needed but not computed (forks and the prefix cache).
     pub reused: u64,
+    /// Of `reused`: prompt tokens found in the prefix cache (prompts sharing a
+    /// system prompt prefill it once).
+    pub reused_prefix_cache: u64,
     /// Tokens computed again because a prefix was re-sent (`prefix_reuse` off).
     pub recomputed: u64,
     /// Everything the model computed.
@@ -214,6 +217,7 @@ fn summarize(
             observation_prefilled: observation,
             decoded,
             reused: after.reused() - before.reused(),
+            reused_prefix_cache: after.reused_prefix_cache - before.reused_prefix_cache,
             recomputed,
             computed,
         },
