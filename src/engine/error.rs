@@ -24,6 +24,12 @@ pub enum EngineError {
         needed: usize,
         total: usize,
     },
+    #[error("sequence {0:?} was freed before its work finished")]
+    Freed(SeqId),
+    #[error("token id {token} is outside the model's vocabulary of {vocab}")]
+    BadToken { token: u32, vocab: usize },
+    #[error("{0}")]
+    Failed(String),
     #[error("the engine thread has stopped")]
     Stopped,
 }

@@ -140,7 +140,7 @@ impl Engine {
 /// The engine thread: apply commands, step while there is work, deliver results.
 fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
     let mut waiting: std::collections::HashMap<SeqId, Reply<Generation>> = Default::default();
-    let mut flushing: std::collections::HashMap<SeqId, Reply<()>> = Default::default();
+    let mut flushing: std::collections::HashMap<SeqId, Vec<Reply<()>>> = Default::default();
     loop {
         // Block for a command only when idle; otherwise take what has arrived.
         let first = if core.has_work() {
@@ -173,7 +173,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
                 for (_, reply) in waiting.drain() {
                     let _ = reply.send(Err(failed()));
                 }
-                for (_, reply) in flushing.drain() {
+                for reply in flushing.drain().flat_map(|(_, r)| r) {
                     let _ = reply.send(Err(failed()));
                 }
             }
@@ -184,8 +184,13 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
             }
         }
         for (seq, result) in core.take_flushed() {
-            if let Some(reply) = flushing.remove(&seq) {
-                let _ = reply.send(result);
+            let replies = flushing.remove(&seq).unwrap_or_default();
+            let msg = result.as_ref().err().map(|e| e.to_string());
+            for reply in replies {
+                let _ = reply.send(match &msg {
+                    None => Ok(()),
+                    Some(m) => Err(EngineError::Failed(m.clone())),
+                });
             }
         }
     }
@@ -195,7 +200,7 @@ fn apply(
     core: &mut EngineCore,
     cmd: Command,
     waiting: &mut std::collections::HashMap<SeqId, Reply<Generation>>,
-    flushing: &mut std::collections::HashMap<SeqId, Reply<()>>,
+    flushing: &mut std::collections::HashMap<SeqId, Vec<Reply<()>>>,
 ) {
     match cmd {
         Command::Add(prompt, r) => drop(r.send(core.add_sequence(&prompt))),
@@ -208,9 +213,7 @@ fn apply(
             Err(e) => drop(r.send(Err(e))),
         },
         Command::Prefill(seq, r) => match core.prefill(seq) {
-            Ok(()) => {
-                flushing.insert(seq, r);
-            }
+            Ok(()) => flushing.entry(seq).or_default().push(r),
             Err(e) => drop(r.send(Err(e))),
         },
         Command::Free(seq, r) => drop(r.send(core.free(seq))),
