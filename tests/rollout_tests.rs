@@ -116,7 +116,8 @@ fn tree_rollouts_compute_no_token_twice_and_have_one_plus_nl_leaves() {
             .iter()
             .filter(|n| n["terminal"] == true)
             .count();
-        assert_eq!(leaves, 1 + 2 * 1, "tree {}", t["tree_id"]);
+        let (n, l) = (2, 1);
+        assert_eq!(leaves, 1 + n * l, "tree {}", t["tree_id"]);
     }
     assert_eq!(s.rollouts, 12);
     let lines = std::fs::read_to_string(dir.path().join("trajectories.jsonl")).unwrap();
