@@ -76,38 +76,67 @@ pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledT
         } => {
             let (lse, inv_t) = log_normaliser(logits, temperature);
             let logprob = |i: usize| logits[i] as f64 * inv_t - lse;
-            // Candidates sorted by probability (ties by id, for determinism).
-            let mut idx: Vec<usize> = (0..logits.len()).collect();
-            idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-            if let Some(k) = top_k.filter(|&k| k > 0) {
-                idx.truncate(k);
-            }
-            if let Some(p) = top_p.filter(|&p| p < 1.0) {
-                let mut mass = 0.0;
-                let mut keep = 0;
-                for &i in &idx {
-                    mass += logprob(i).exp();
-                    keep += 1;
-                    if mass >= p as f64 {
+            let truncated = top_k.is_some_and(|k| k > 0 && k < logits.len())
+                || top_p.is_some_and(|p| p < 1.0);
+            let chosen = if truncated {
+                sample_truncated(logits, top_k, top_p, &logprob, rng)
+            } else {
+                // Plain sampling needs no sort: walk the vocabulary in id order.
+                let mut u = rng.next_f64();
+                let mut chosen = logits.len() - 1;
+                for i in 0..logits.len() {
+                    u -= logprob(i).exp();
+                    if u < 0.0 {
+                        chosen = i;
                         break;
                     }
                 }
-                idx.truncate(keep.max(1));
-            }
-            let total: f64 = idx.iter().map(|&i| logprob(i).exp()).sum();
-            let mut u = rng.next_f64() * total;
-            let mut chosen = idx[idx.len() - 1];
-            for &i in &idx {
-                u -= logprob(i).exp();
-                if u < 0.0 {
-                    chosen = i;
-                    break;
-                }
-            }
+                chosen
+            };
             SampledToken {
                 token: chosen as TokenId,
                 logprob: logprob(chosen) as f32,
             }
         }
     }
+}
+
+/// Top-k / top-p: candidates by probability (ties by id), truncated, renormalised.
+fn sample_truncated(
+    logits: &[f32],
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    logprob: &dyn Fn(usize) -> f64,
+    rng: &mut SeqRng,
+) -> usize {
+    let by_prob = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    // Only the head of the ranking matters: select it, then sort just that part.
+    let head = top_k.filter(|&k| k > 0).unwrap_or(logits.len()).min(logits.len());
+    if head < idx.len() {
+        idx.select_nth_unstable_by(head - 1, by_prob);
+        idx.truncate(head);
+    }
+    idx.sort_unstable_by(by_prob);
+    if let Some(p) = top_p.filter(|&p| p < 1.0) {
+        let mut mass = 0.0;
+        let mut keep = 0;
+        for &i in &idx {
+            mass += logprob(i).exp();
+            keep += 1;
+            if mass >= p as f64 {
+                break;
+            }
+        }
+        idx.truncate(keep.max(1));
+    }
+    let total: f64 = idx.iter().map(|&i| logprob(i).exp()).sum();
+    let mut u = rng.next_f64() * total;
+    for &i in &idx {
+        u -= logprob(i).exp();
+        if u < 0.0 {
+            return i;
+        }
+    }
+    idx[idx.len() - 1]
 }
