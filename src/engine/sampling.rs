@@ -76,8 +76,8 @@ pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledT
         } => {
             let (lse, inv_t) = log_normaliser(logits, temperature);
             let logprob = |i: usize| logits[i] as f64 * inv_t - lse;
-            let truncated = top_k.is_some_and(|k| k > 0 && k < logits.len())
-                || top_p.is_some_and(|p| p < 1.0);
+            let truncated =
+                top_k.is_some_and(|k| k > 0 && k < logits.len()) || top_p.is_some_and(|p| p < 1.0);
             let chosen = if truncated {
                 sample_truncated(logits, top_k, top_p, &logprob, rng)
             } else {
@@ -112,7 +112,10 @@ fn sample_truncated(
     let by_prob = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     // Only the head of the ranking matters: select it, then sort just that part.
-    let head = top_k.filter(|&k| k > 0).unwrap_or(logits.len()).min(logits.len());
+    let head = top_k
+        .filter(|&k| k > 0)
+        .unwrap_or(logits.len())
+        .min(logits.len());
     if head < idx.len() {
         idx.select_nth_unstable_by(head - 1, by_prob);
         idx.truncate(head);
