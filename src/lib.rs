@@ -12,7 +12,8 @@
 //!    async engine handle.
 //! 4. [`env`](mod@env) — agent environments: step protocol, tools, rewards, data sets.
 //! 5. [`rollout`] — agent episodes (and trees of them) through engine and environment.
-//! 6. [`advantage`] — group-relative advantages over finished forests (pure math).
+//! 6. [`advantage`] — group-relative advantages over finished forests (pure math, no
+//!    imports of its own; the rollout layer calls it).
 //!
 //! See `ARCHITECTURE.md` for the invariants and where to change what.
 
