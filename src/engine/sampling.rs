@@ -110,28 +110,40 @@ fn sample_truncated(
     rng: &mut SeqRng,
 ) -> usize {
     let by_prob = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    // Only the head of the ranking matters: select it, then sort just that part.
-    let head = top_k
-        .filter(|&k| k > 0)
-        .unwrap_or(logits.len())
-        .min(logits.len());
-    if head < idx.len() {
-        idx.select_nth_unstable_by(head - 1, by_prob);
-        idx.truncate(head);
-    }
-    idx.sort_unstable_by(by_prob);
-    if let Some(p) = top_p.filter(|&p| p < 1.0) {
+    let all = logits.len();
+    let k = top_k.filter(|&k| k > 0).unwrap_or(all).min(all);
+    let p = top_p.filter(|&p| p < 1.0).map(f64::from);
+    // Only the head of the ranking matters. Select a head (the exact top-h set under
+    // the total order above), sort just it, and widen it until it holds mass p: the
+    // result is the same as sorting the whole vocabulary, without the 49k-element sort.
+    let mut h = if p.is_some() { k.min(64) } else { k };
+    let mut idx: Vec<usize>;
+    loop {
+        idx = (0..all).collect();
+        if h < all {
+            idx.select_nth_unstable_by(h - 1, by_prob);
+            idx.truncate(h);
+        }
+        idx.sort_unstable_by(by_prob);
+        let Some(p) = p else { break };
         let mut mass = 0.0;
-        let mut keep = 0;
-        for &i in &idx {
+        let mut keep = None;
+        for (n, &i) in idx.iter().enumerate() {
             mass += logprob(i).exp();
-            keep += 1;
-            if mass >= p as f64 {
+            if mass >= p {
+                keep = Some(n + 1);
                 break;
             }
         }
-        idx.truncate(keep.max(1));
+        match keep {
+            Some(n) => {
+                idx.truncate(n);
+                break;
+            }
+            // The head is all that top-k allows: keep it whole.
+            None if h >= k => break,
+            None => h = (h * 4).min(k),
+        }
     }
     let total: f64 = idx.iter().map(|&i| logprob(i).exp()).sum();
     let mut u = rng.next_f64() * total;
