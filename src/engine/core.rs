@@ -429,16 +429,8 @@ impl EngineCore {
             match self.kv.reserve(seq, n) {
                 Ok(()) => {}
                 Err(KvError::OutOfBlocks { .. }) => {
-                    let needed = self.kv.blocks_for_tokens(start + n_pending);
-                    if needed > self.kv.num_blocks() {
-                        self.fail(
-                            seq,
-                            EngineError::NeverFits {
-                                seq,
-                                needed,
-                                total: self.kv.num_blocks(),
-                            },
-                        );
+                    if self.kv.blocks_for_tokens(start + n_pending) > self.kv.num_blocks() {
+                        self.fail_never_fits(seq, start + n_pending);
                     }
                     // Otherwise it waits for room.
                     continue;
@@ -469,17 +461,8 @@ impl EngineCore {
                     .iter()
                     .filter(|(_, s)| s.runnable && !s.pending.is_empty());
                 if let Some(&seq) = waiting.map(|(id, _)| id).next_back() {
-                    let needed = self
-                        .kv
-                        .blocks_for_tokens(self.kv.seq_len(seq)? + self.seqs[&seq].pending.len());
-                    self.fail(
-                        seq,
-                        EngineError::NeverFits {
-                            seq,
-                            needed,
-                            total: self.kv.num_blocks(),
-                        },
-                    );
+                    let tokens = self.kv.seq_len(seq)? + self.seqs[&seq].pending.len();
+                    self.fail_never_fits(seq, tokens);
                 }
             }
             return Ok(0);
@@ -531,6 +514,13 @@ impl EngineCore {
         Ok(rows)
     }
 
+    /// Fails `seq`, which needs KV room for `tokens` positions that it cannot get.
+    fn fail_never_fits(&mut self, seq: SeqId, tokens: usize) {
+        let needed = self.kv.blocks_for_tokens(tokens);
+        let total = self.kv.num_blocks();
+        self.fail(seq, EngineError::NeverFits { seq, needed, total });
+    }
+
     fn fail(&mut self, seq: SeqId, err: EngineError) {
         if let Some(i) = self.flushing.iter().position(|&q| q == seq) {
             self.flushing.remove(i);
@@ -569,7 +559,18 @@ impl EngineCore {
         g.tokens.push(token);
         g.logprobs.push(logprob);
         if !g.params.stop_strings.is_empty() {
-            let text = self.model.tokenizer.decode(&g.tokens)?;
+            // A new match must end in the last token, and every token decodes to at
+            // least one byte, so decoding the last (longest stop + 1) tokens suffices:
+            // O(stop length) per sampled token instead of re-decoding the generation.
+            let longest = g
+                .params
+                .stop_strings
+                .iter()
+                .map(String::len)
+                .max()
+                .unwrap_or(0);
+            let window = &g.tokens[g.tokens.len().saturating_sub(longest + 1)..];
+            let text = self.model.tokenizer.decode(window)?;
             let last = self.model.tokenizer.decode(&[token])?;
             if find_stop(&text, &g.params.stop_strings, last.len()).is_some() {
                 s.push_sampled(token);
