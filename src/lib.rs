@@ -14,12 +14,18 @@
 //! 5. [`rollout`] — agent episodes (and trees of them) through engine and environment.
 //! 6. [`advantage`] — group-relative advantages over finished forests (pure math, no
 //!    imports of its own; the rollout layer calls it).
+//! 7. [`bench`] — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
+//!    `mistralrs` feature) on the same prompts and seed, measured.
 //!
 //! See `ARCHITECTURE.md` for the invariants and where to change what.
 
 pub mod advantage;
+pub mod bench;
 pub mod engine;
 pub mod env;
 pub mod kv;
 pub mod model;
+/// The peer engine mistral.rs running the same workloads, for comparison (feature `mistralrs`).
+#[cfg(feature = "mistralrs")]
+pub mod peer;
 pub mod rollout;

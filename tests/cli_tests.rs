@@ -75,3 +75,80 @@ fn data_gen_reproduces_the_committed_calc_set() {
         assert!(want == got, "{f} differs from the committed file");
     }
 }
+
+/// SIGINT in the middle of a run: the process stops with status 130, and the output
+/// holds every finished tree as valid JSONL, with a summary that says so.
+#[test]
+fn an_interrupted_rollout_keeps_every_finished_tree() {
+    let model = common::default_model();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let mut child = treegrpo()
+        .args([
+            "rollout",
+            "--prompts",
+            "6",
+            "--concurrent-prompts",
+            "1",
+            "--max-step-tokens",
+            "24",
+            "--model",
+        ])
+        .arg(&model)
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the first finished forest, then interrupt (one prompt at a time, so the
+    // other five are still to come).
+    let traj = out.join("trajectories.jsonl");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while std::fs::metadata(&traj).map(|m| m.len()).unwrap_or(0) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no tree finished");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("rollout ended before the interrupt: {status}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "stderr: {stderr}");
+    assert!(stderr.contains("interrupted"), "stderr: {stderr}");
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["interrupted"], true);
+    let finished = summary["prompts_finished"].as_u64().unwrap() as usize;
+    assert!((1..6).contains(&finished), "{finished} prompts finished");
+    // Every line is whole JSON; every finished forest's trees and leaves are there.
+    let lines = |f: &str| -> Vec<serde_json::Value> {
+        let text = std::fs::read_to_string(out.join(f)).unwrap();
+        assert!(text.is_empty() || text.ends_with('\n'), "{f} ends mid-line");
+        text.lines()
+            .map(|l| serde_json::from_str(l).expect("a valid JSON line"))
+            .collect()
+    };
+    let trees = lines("forest.jsonl");
+    let records = lines("trajectories.jsonl");
+    assert_eq!(trees.len(), finished * 2, "M = 2 trees per finished prompt");
+    assert_eq!(records.len() as u64, summary["rollouts"].as_u64().unwrap());
+    let leaves: usize = trees
+        .iter()
+        .map(|t| {
+            t["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["terminal"] == true)
+                .count()
+        })
+        .sum();
+    assert_eq!(leaves, records.len());
+}

@@ -286,7 +286,11 @@ impl World {
                 pinned[b.index()] = true;
             }
         }
-        assert_eq!(c.pool().refcounts(), &refs[..], "refcount != tables + pins");
+        assert_eq!(c.references(), refs, "references != tables + pins");
+        // The pool counts holders (a shared segment once): zero for the same blocks.
+        for (b, (&holders, &tables)) in c.pool().refcounts().iter().zip(&refs).enumerate() {
+            assert_eq!(holders == 0, tables == 0, "block {b}");
+        }
         let cached = c.cached_block_ids();
         for b in cached.iter().chain(c.pool().free_blocks()) {
             assert_eq!(refs[b.index()], 0, "{b} is cached or free but referenced");

@@ -96,8 +96,9 @@ fn assert_row(c: &KvCache, seq: SeqId, position: usize, tag: u32, token: u32) {
     }
 }
 
+/// How many tables and pins list `b` (shared segments count once per table).
 fn rc(c: &KvCache, b: BlockId) -> u32 {
-    c.pool().refcount(b)
+    c.references()[b.index()]
 }
 
 fn toks(range: std::ops::Range<u32>) -> Vec<u32> {
@@ -545,4 +546,70 @@ fn pools_are_sized_from_the_budget() {
         ),
         Err(KvError::InvalidConfig(_))
     ));
+}
+
+/// A fork costs the same whatever the prefix length: after the first fork has frozen
+/// the parent's full blocks into a shared segment, later forks touch no block's count
+/// but the partly filled last one's, and add no segment. The frozen prefix is
+/// immutable; truncating a fork into it rebuilds the fork's own part.
+#[test]
+fn forks_share_a_frozen_segment_without_touching_its_blocks() {
+    let mut c = cache(4, 64);
+    let parent = c.new_sequence();
+    extend(&mut c, parent, &toks(0..30), 1); // 7 full blocks + 2 rows
+    let first = c.fork(parent).unwrap();
+    assert_eq!(
+        c.segment_count(),
+        1,
+        "the first fork freezes the full blocks"
+    );
+    let table = c.table(parent).unwrap();
+    let partial = table.blocks[7];
+    let holders = c.pool().refcounts().to_vec();
+    for _ in 0..3 {
+        let f = c.fork(parent).unwrap();
+        let changed: Vec<usize> = holders
+            .iter()
+            .zip(c.pool().refcounts())
+            .enumerate()
+            .filter(|(_, (a, b))| a != b)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(changed, vec![partial.index()], "only the partial block");
+        assert_eq!(c.segment_count(), 1);
+        assert_eq!(c.references()[table.blocks[0].index()], 3);
+        c.free(f).unwrap();
+        assert_eq!(c.pool().refcounts(), &holders[..]);
+        c.check_invariants().unwrap();
+    }
+
+    // The frozen positions cannot be rewritten, by the fork or by its parent.
+    let k = vec![0.0; KV_DIM];
+    for s in [first, parent] {
+        assert!(matches!(
+            c.write(s, 0, 3, &k, &k),
+            Err(KvError::Frozen { position: 3, .. })
+        ));
+    }
+
+    // Truncating the fork into its frozen prefix: same data, then its own continuation.
+    c.truncate(first, 10).unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.tokens(first).unwrap(), toks(0..10));
+    extend(&mut c, first, &[90, 91, 92], 2);
+    c.check_invariants().unwrap();
+    for p in 0..10 {
+        assert_row(&c, first, p, 1, p as u32);
+    }
+    for (i, t) in [90, 91, 92].into_iter().enumerate() {
+        assert_row(&c, first, 10 + i, 2, t);
+    }
+    for p in 0..30 {
+        assert_row(&c, parent, p, 1, p as u32);
+    }
+    c.free(first).unwrap();
+    c.free(parent).unwrap();
+    c.check_invariants().unwrap();
+    assert_eq!(c.segment_count(), 0);
+    assert!(c.pool().refcounts().iter().all(|&r| r == 0));
 }

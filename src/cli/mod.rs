@@ -1,9 +1,11 @@
 //! Command-line front end: flags in, tables and text out, no logic of its own.
 
+mod bench;
 mod data;
 mod generate;
 mod model;
 mod rollout;
+mod view;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +29,10 @@ enum Command {
     /// Generate data sets for the built-in environments.
     #[command(subcommand)]
     Data(data::DataCommand),
+    /// Draw forest.jsonl as one self-contained HTML page.
+    View(view::ViewArgs),
+    /// Tokens and time per rollout: chain vs trees vs recompute, same prompts and seed.
+    Bench(bench::BenchArgs),
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -36,6 +42,8 @@ pub fn run() -> anyhow::Result<()> {
         Command::Generate(a) => generate::run(a),
         Command::Data(c) => data::run(c),
         Command::Rollout(a) => rollout::run(a),
+        Command::View(a) => view::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }
 

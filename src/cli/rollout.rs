@@ -4,23 +4,18 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::engine::{Engine, EngineConfig, Sampling};
-use treegrpo::env::{load_samples, CalcEnv, EnvConfig, Environment, SearchQaEnv, DEFAULT_TOP_K};
-use treegrpo::rollout::{run_rollout, Output, RunSummary, Selection, TreeConfig};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum Task {
-    /// Multi-hop QA over a local corpus with a BM25 search tool.
-    SearchQa,
-    /// Arithmetic word problems with a calculator tool.
-    Calc,
-}
+use treegrpo::env::{EnvConfig, Task};
+use treegrpo::rollout::{
+    run_rollout, Interrupt, Output, RunOptions, RunSummary, Selection, TreeConfig,
+};
 
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
-    #[arg(long, value_enum, default_value = "search-qa")]
+    /// Built-in task: search-qa (multi-hop QA, BM25 search tool) or calc (calculator).
+    #[arg(long, default_value = "search-qa")]
     pub task: Task,
     /// Data folder (search-qa: corpus.jsonl + train.jsonl; calc: train.jsonl).
     #[arg(long)]
@@ -72,17 +67,16 @@ pub struct RolloutArgs {
     /// KV cache budget in MiB.
     #[arg(long, default_value_t = 1024)]
     pub kv_mib: usize,
+    /// Stop starting new branches (and prompts) once this many tokens were computed;
+    /// branches already running finish, so the run may overrun it by a few branches.
+    #[arg(long)]
+    pub token_budget: Option<u64>,
+    /// Most prompts grown at once (0: all).
+    #[arg(long, default_value_t = 16)]
+    pub concurrent_prompts: usize,
     /// Output folder (trajectories.jsonl, forest.jsonl, summary.json).
     #[arg(long)]
     pub out: Option<PathBuf>,
-}
-
-fn default_data(task: Task) -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data");
-    match task {
-        Task::SearchQa => root.join("multihop"),
-        Task::Calc => root.join("calc"),
-    }
 }
 
 impl RolloutArgs {
@@ -108,28 +102,21 @@ impl RolloutArgs {
     }
 }
 
-/// Builds the engine, environment and samples, then runs.
+/// Builds the environment and samples, then runs on `engine`.
 pub async fn execute(
     a: &RolloutArgs,
     engine: Engine,
     cfg: TreeConfig,
     out: Option<Output>,
+    interrupt: Option<Interrupt>,
 ) -> anyhow::Result<RunSummary> {
-    let data = a.data.clone().unwrap_or_else(|| default_data(a.task));
+    let data = a.data.clone().unwrap_or_else(|| a.task.default_data());
     let env_cfg = EnvConfig {
         max_turns: a.turns,
         ..EnvConfig::default()
     };
-    let env: Arc<dyn Environment> = match a.task {
-        Task::SearchQa => Arc::new(SearchQaEnv::from_corpus_file(
-            &data.join("corpus.jsonl"),
-            DEFAULT_TOP_K,
-            env_cfg,
-        )?),
-        Task::Calc => Arc::new(CalcEnv::new(env_cfg)?),
-    };
-    let mut samples = load_samples(&data.join("train.jsonl"))?;
-    samples.truncate(a.prompts);
+    let env = a.task.environment(&data, env_cfg)?;
+    let samples = a.task.samples(&data, a.prompts)?;
     let advantage = a.advantage.unwrap_or(if a.chains.is_some() {
         AdvantageMode::Grpo
     } else {
@@ -146,13 +133,34 @@ pub async fn execute(
         );
         let _ = std::io::stderr().flush();
     };
-    let (summary, _) =
-        run_rollout(engine, env, samples, cfg, advantage, out, &mut progress).await?;
+    let options = RunOptions {
+        advantage,
+        token_budget: a.token_budget,
+        max_concurrent_prompts: a.concurrent_prompts,
+    };
+    let (summary, _) = run_rollout(
+        engine,
+        env,
+        samples,
+        cfg,
+        options,
+        out,
+        &mut progress,
+        interrupt,
+    )
+    .await?;
     eprintln!();
     Ok(summary)
 }
 
 pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
+    let cfg = a.tree_config();
+    anyhow::ensure!(cfg.trees > 0, "--trees / --chains must be at least 1");
+    anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
+    anyhow::ensure!(
+        a.max_step_tokens > 0,
+        "--max-step-tokens must be at least 1"
+    );
     let model = Arc::new(super::load_model(a.model.as_deref())?);
     let engine = Engine::start(
         model,
@@ -164,18 +172,39 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
         },
     )?;
     let out = a.out.as_deref().map(Output::create).transpose()?;
-    let cfg = a.tree_config();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let summary = rt.block_on(execute(&a, engine, cfg, out))?;
+    // Ctrl-C: stop, keep every finished tree, write the summary, exit 130.
+    let interrupt: Interrupt = Box::pin(async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    });
+    let summary = rt.block_on(execute(&a, engine, cfg, out, Some(interrupt)))?;
     print_summary(&summary);
+    if summary.interrupted {
+        eprintln!(
+            "interrupted: {} of {} prompts finished and written",
+            summary.prompts_finished, summary.prompts
+        );
+    }
+    if summary.budget_exhausted {
+        eprintln!(
+            "token budget {} reached: later branches were not started",
+            summary.token_budget.unwrap_or(0)
+        );
+    }
     if let Some(dir) = &a.out {
         println!(
             "wrote {}/trajectories.jsonl, forest.jsonl, summary.json",
             dir.display()
         );
+    }
+    if summary.interrupted {
+        // The conventional status of a program stopped by SIGINT.
+        std::process::exit(130);
     }
     Ok(())
 }

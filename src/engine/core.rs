@@ -17,7 +17,7 @@ use std::sync::Arc;
 use crate::kv::{KvCache, KvConfig, KvError, PinId, SeqId};
 use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, TokenId};
 
-use super::counters::{EngineCounters, EngineStats};
+use super::counters::{EngineCounters, EngineStats, SeqUsage};
 use super::error::EngineError;
 use super::rng::SeqRng;
 use super::sampling::{sample, SampledToken};
@@ -80,6 +80,8 @@ struct SeqState {
     /// Logits of the last position in the cache (when `pending` is empty).
     last_logits: Option<Arc<Vec<f32>>>,
     generating: Option<GenState>,
+    /// What this sequence has cost so far (returned by `free`).
+    usage: SeqUsage,
 }
 
 impl SeqState {
@@ -181,6 +183,10 @@ impl EngineCore {
             SeqState {
                 pending: prompt[cached..].to_vec(),
                 runnable: true,
+                usage: SeqUsage {
+                    reused_prefix_cache: cached as u64,
+                    ..SeqUsage::default()
+                },
                 ..SeqState::default()
             },
         );
@@ -205,7 +211,8 @@ impl EngineCore {
             p.last_logits.clone(),
         );
         let child = self.kv.fork(parent)?;
-        self.counters.reused_fork += self.kv.seq_len(child)? as u64;
+        let inherited = self.kv.seq_len(child)? as u64;
+        self.counters.reused_fork += inherited;
         self.seqs.insert(
             child,
             SeqState {
@@ -214,6 +221,10 @@ impl EngineCore {
                 runnable,
                 last_logits,
                 generating: None,
+                usage: SeqUsage {
+                    reused_fork: inherited,
+                    ..SeqUsage::default()
+                },
             },
         );
         Ok(child)
@@ -296,6 +307,7 @@ impl EngineCore {
         let rows = out.into_iter().next().map(|o| o.rows).unwrap_or_default();
         if let Some(s) = self.seqs.get_mut(&seq) {
             s.last_logits = rows.last().cloned().map(Arc::new);
+            s.usage.prefilled += tokens.len() as u64;
         }
         Ok(rows)
     }
@@ -337,8 +349,9 @@ impl EngineCore {
         std::mem::take(&mut self.flushed)
     }
 
-    /// Drops a sequence; its blocks return to the pool (or the prefix cache).
-    pub fn free(&mut self, seq: SeqId) -> Result<(), EngineError> {
+    /// Drops a sequence; its blocks return to the pool (or the prefix cache). Returns
+    /// what the sequence cost over its life.
+    pub fn free(&mut self, seq: SeqId) -> Result<SeqUsage, EngineError> {
         let state = self
             .seqs
             .remove(&seq)
@@ -352,7 +365,7 @@ impl EngineCore {
             self.flushed.push((seq, Err(EngineError::Freed(seq))));
         }
         self.kv.free(seq)?;
-        Ok(())
+        Ok(state.usage)
     }
 
     /// Keeps `seq`'s cached prefix resident until [`Self::unpin`].
@@ -365,7 +378,7 @@ impl EngineCore {
     }
 
     /// Cached tokens of `seq` (prompt, generated and appended tokens that are in KV).
-    pub fn tokens(&self, seq: SeqId) -> Result<&[TokenId], EngineError> {
+    pub fn tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, EngineError> {
         Ok(self.kv.tokens(seq)?)
     }
 
@@ -496,6 +509,8 @@ impl EngineCore {
             s.sampled_pending -= decoded;
             self.counters.decoded += decoded as u64;
             self.counters.prefilled += (n - decoded) as u64;
+            s.usage.decoded += decoded as u64;
+            s.usage.prefilled += (n - decoded) as u64;
             if s.pending.is_empty() {
                 if s.generating.is_none() {
                     s.runnable = false;

@@ -37,6 +37,39 @@ impl EngineCounters {
     }
 }
 
+/// What one sequence cost over its life: the engine's counters split by sequence, so a
+/// caller can account per tree or per forest. Summed over every sequence ever freed (and
+/// those still live) they equal the engine's counters (test: `rollout_tests`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeqUsage {
+    /// Rows computed for prompt, appended or scored tokens of this sequence.
+    pub prefilled: u64,
+    /// Rows computed for this sequence's sampled tokens fed back in.
+    pub decoded: u64,
+    /// Prompt tokens it found in the prefix cache.
+    pub reused_prefix_cache: u64,
+    /// Tokens it inherited from its parent when it was forked.
+    pub reused_fork: u64,
+}
+
+impl SeqUsage {
+    pub fn computed(&self) -> u64 {
+        self.prefilled + self.decoded
+    }
+
+    pub fn reused(&self) -> u64 {
+        self.reused_prefix_cache + self.reused_fork
+    }
+
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &SeqUsage) {
+        self.prefilled += other.prefilled;
+        self.decoded += other.decoded;
+        self.reused_prefix_cache += other.reused_prefix_cache;
+        self.reused_fork += other.reused_fork;
+    }
+}
+
 /// Counters plus the KV pool's occupancy.
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineStats {

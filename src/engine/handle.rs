@@ -15,7 +15,7 @@ use crate::kv::{PinId, SeqId};
 use crate::model::{LoadedModel, TokenId};
 
 use super::core::{EngineConfig, EngineCore, Generation};
-use super::counters::EngineStats;
+use super::counters::{EngineStats, SeqUsage};
 use super::error::EngineError;
 use super::stop::GenParams;
 
@@ -27,7 +27,7 @@ enum Command {
     Append(SeqId, Vec<TokenId>, Reply<()>),
     Generate(SeqId, GenParams, Reply<Generation>),
     Prefill(SeqId, Reply<()>),
-    Free(SeqId, Reply<()>),
+    Free(SeqId, Reply<SeqUsage>),
     Pin(SeqId, Reply<PinId>),
     Unpin(PinId, Reply<()>),
     Tokens(SeqId, Reply<Vec<TokenId>>),
@@ -111,7 +111,8 @@ impl Engine {
         self.call(|r| Command::Prefill(seq, r)).await
     }
 
-    pub async fn free(&self, seq: SeqId) -> Result<(), EngineError> {
+    /// Drops `seq` and returns what it cost over its life.
+    pub async fn free(&self, seq: SeqId) -> Result<SeqUsage, EngineError> {
         self.call(|r| Command::Free(seq, r)).await
     }
 
@@ -219,7 +220,7 @@ fn apply(
         Command::Free(seq, r) => drop(r.send(core.free(seq))),
         Command::Pin(seq, r) => drop(r.send(core.pin(seq))),
         Command::Unpin(pin, r) => drop(r.send(core.unpin(pin))),
-        Command::Tokens(seq, r) => drop(r.send(core.tokens(seq).map(<[TokenId]>::to_vec))),
+        Command::Tokens(seq, r) => drop(r.send(core.tokens(seq))),
         Command::Stats(r) => drop(r.send(Ok(core.stats()))),
         Command::ClearPrefixCache(r) => {
             core.clear_prefix_cache();

@@ -19,7 +19,7 @@ pub mod sampling;
 pub mod stop;
 
 pub use self::core::{EngineConfig, EngineCore, Generation};
-pub use counters::{EngineCounters, EngineStats};
+pub use counters::{EngineCounters, EngineStats, SeqUsage};
 pub use error::EngineError;
 pub use generate::{generate, GenerateRequest};
 pub use handle::Engine;

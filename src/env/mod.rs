@@ -27,6 +27,7 @@ pub mod reward;
 pub mod sample;
 pub mod search_qa;
 pub mod tags;
+pub mod task;
 pub mod tool;
 
 pub use action::{parse_action, Action, ActionKind, InvalidReason};
@@ -40,5 +41,6 @@ pub use protocol::EnvConfig;
 pub use reward::{RewardConfig, RewardLevels, RewardMetric};
 pub use sample::{load_samples, QaSample};
 pub use search_qa::{Bm25Retriever, SearchQaEnv, SearchTool, DEFAULT_TOP_K};
+pub use task::Task;
 pub use tags::Tags;
 pub use tool::{run_tool, Tool, ToolOutcome, ToolStatus};

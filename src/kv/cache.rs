@@ -17,11 +17,19 @@
 //! 3. [`truncate`](KvCache::truncate) to rewind, [`pin`](KvCache::pin) to keep a prefix for
 //!    later branches, [`free`](KvCache::free) when done.
 //!
-//! Copy-on-write: a block may be written in place only if exactly one reference holds it
-//! and it is not in the prefix index (indexed blocks are immutable). Otherwise the write
+//! Copy-on-write: a block may be written in place only if exactly one holder has it and
+//! it is not in the prefix index (indexed blocks are immutable). Otherwise the write
 //! (in `reserve`, or as a fallback in `store`) first copies the block's valid rows into a
 //! fresh block. Forking therefore copies no KV data: only the partly filled last block is
 //! copied, by whichever side writes to it first.
+//!
+//! O(1) forks: a table is a chain of frozen [segments](super::segment) (full blocks,
+//! shared and refcounted as a whole) plus its own part (full blocks not yet frozen, the
+//! partly filled last block, reserved blocks). A fork first moves the parent's own full
+//! blocks into a new segment (each block is frozen once), then gives the child the same
+//! segment and one more reference on the partial block: the cost does not grow with
+//! the prefix. Positions in a frozen segment are immutable; `truncate` below them
+//! rebuilds the table's own part from the chain.
 
 use std::collections::{HashMap, HashSet};
 
@@ -29,32 +37,73 @@ use super::error::KvError;
 use super::ids::{BlockId, PinId, SeqId};
 use super::pool::{BlockPool, KvConfig};
 use super::prefix::{chain_hash, BlockHash, PrefixIndex, ROOT_HASH};
+use super::segment::{Segment, SegmentId, Segments};
 use super::table::{blocks_for, BlockTable};
 use crate::model::{ModelConfig, TokenId};
 
 /// A table with what the prefix index needs to know about its tokens. Sequences and
-/// pins are both this.
+/// pins are both this: a chain of frozen segments (blocks `0..frozen_blocks`) and the
+/// table's own part after it.
 #[derive(Debug, Clone)]
 struct Prefix {
-    table: BlockTable,
-    /// Token ids of positions `0..table.len`.
+    /// The last segment of the frozen chain (`None` when `frozen_blocks == 0`).
+    frozen: Option<SegmentId>,
+    frozen_blocks: usize,
+    /// Blocks from index `frozen_blocks` on: unfrozen full blocks, the partly filled
+    /// last block, reserved blocks. The table holds one reference on each.
+    blocks: Vec<BlockId>,
+    /// Token ids of positions `frozen_blocks * bs..len`.
     tokens: Vec<TokenId>,
-    /// Chain hashes of the full blocks (`table.len / block_size` of them).
+    /// Chain hashes of the own full blocks (`len / bs - frozen_blocks` of them).
     hashes: Vec<BlockHash>,
+    /// Valid positions.
+    len: usize,
     /// The prefix-cache epoch the KV was computed in; blocks of an older epoch (before a
     /// [`KvCache::clear_prefix_cache`]) are never indexed.
     epoch: u64,
 }
 
 impl Prefix {
-    /// The first `len` positions (blocks not yet retained).
-    fn prefix(&self, len: usize, block_size: usize) -> Prefix {
+    fn empty(epoch: u64) -> Self {
         Prefix {
-            table: self.table.prefix(len, block_size),
-            tokens: self.tokens[..len].to_vec(),
-            hashes: self.hashes[..len / block_size].to_vec(),
-            epoch: self.epoch,
+            frozen: None,
+            frozen_blocks: 0,
+            blocks: Vec::new(),
+            tokens: Vec::new(),
+            hashes: Vec::new(),
+            len: 0,
+            epoch,
         }
+    }
+
+    /// Positions the table's blocks can hold.
+    fn capacity(&self, bs: usize) -> usize {
+        (self.frozen_blocks + self.blocks.len()) * bs
+    }
+
+    /// Moves the own full blocks into a new segment that `self` then ends with.
+    /// Amortised O(1): every block is frozen once.
+    fn freeze(&mut self, segments: &mut Segments, bs: usize) {
+        let k = self.hashes.len();
+        if k == 0 {
+            return;
+        }
+        let rest = self.blocks.split_off(k);
+        let blocks = std::mem::replace(&mut self.blocks, rest);
+        let rest = self.tokens.split_off(k * bs);
+        let tokens = std::mem::replace(&mut self.tokens, rest);
+        let hashes = std::mem::take(&mut self.hashes);
+        // The table's reference on its old last segment passes to the new segment.
+        let id = segments.insert(Segment {
+            parent: self.frozen,
+            start_block: self.frozen_blocks,
+            blocks,
+            tokens,
+            hashes,
+            refs: 1,
+        });
+        self.frozen = Some(id);
+        self.frozen_blocks += k;
     }
 }
 
@@ -86,6 +135,7 @@ pub struct KvStats {
 pub struct KvCache {
     pool: BlockPool,
     index: PrefixIndex,
+    segments: Segments,
     seqs: HashMap<SeqId, Prefix>,
     pins: HashMap<PinId, Prefix>,
     next_seq: usize,
@@ -102,6 +152,7 @@ impl KvCache {
         Ok(KvCache {
             index: PrefixIndex::new(pool.block_size()),
             pool,
+            segments: Segments::default(),
             seqs: HashMap::new(),
             pins: HashMap::new(),
             next_seq: 0,
@@ -173,13 +224,9 @@ impl KvCache {
         self.blocks_bytes(self.blocks_in_use())
     }
 
-    /// Distinct blocks referenced by a pin.
+    /// Distinct blocks referenced by a pin. O(pinned blocks).
     pub fn pinned_blocks(&self) -> usize {
-        let set: HashSet<BlockId> = self
-            .pins
-            .values()
-            .flat_map(|p| p.table.blocks.iter().copied())
-            .collect();
+        let set: HashSet<BlockId> = self.pins.values().flat_map(|p| self.blocks_of(p)).collect();
         set.len()
     }
 
@@ -236,31 +283,69 @@ impl KvCache {
         self.pins.get(&pin).ok_or(KvError::UnknownPin(pin))
     }
 
+    /// Every block of a table in position order: the frozen chain, then its own part.
+    fn blocks_of(&self, p: &Prefix) -> Vec<BlockId> {
+        let mut out = Vec::with_capacity(p.frozen_blocks + p.blocks.len());
+        for id in self.segments.chain(p.frozen) {
+            out.extend_from_slice(&self.segments.get(id).blocks);
+        }
+        out.extend_from_slice(&p.blocks);
+        out
+    }
+
+    /// Token ids of a table's valid positions.
+    fn tokens_of(&self, p: &Prefix) -> Vec<TokenId> {
+        let mut out = Vec::with_capacity(p.len);
+        for id in self.segments.chain(p.frozen) {
+            out.extend_from_slice(&self.segments.get(id).tokens);
+        }
+        out.extend_from_slice(&p.tokens);
+        out
+    }
+
+    /// Chain hashes of a table's full blocks.
+    fn hashes_of(&self, p: &Prefix) -> Vec<BlockHash> {
+        let mut out = Vec::with_capacity(p.len / self.block_size());
+        for id in self.segments.chain(p.frozen) {
+            out.extend_from_slice(&self.segments.get(id).hashes);
+        }
+        out.extend_from_slice(&p.hashes);
+        out
+    }
+
+    fn table_of(&self, p: &Prefix) -> BlockTable {
+        BlockTable {
+            blocks: self.blocks_of(p),
+            len: p.len,
+        }
+    }
+
     /// Valid positions of `seq` (where its next token goes).
     pub fn seq_len(&self, seq: SeqId) -> Result<usize, KvError> {
-        Ok(self.seq(seq)?.table.len)
+        Ok(self.seq(seq)?.len)
     }
 
     /// Positions `seq` can hold without another [`reserve`](Self::reserve).
     pub fn capacity(&self, seq: SeqId) -> Result<usize, KvError> {
-        Ok(self.seq(seq)?.table.capacity(self.block_size()))
+        Ok(self.seq(seq)?.capacity(self.block_size()))
     }
 
-    /// Token ids of `seq`'s valid positions.
-    pub fn tokens(&self, seq: SeqId) -> Result<&[TokenId], KvError> {
-        Ok(&self.seq(seq)?.tokens)
+    /// Token ids of `seq`'s valid positions (assembled: O(length)).
+    pub fn tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, KvError> {
+        Ok(self.tokens_of(self.seq(seq)?))
     }
 
-    pub fn table(&self, seq: SeqId) -> Result<&BlockTable, KvError> {
-        Ok(&self.seq(seq)?.table)
+    /// `seq`'s block table (assembled: O(blocks)).
+    pub fn table(&self, seq: SeqId) -> Result<BlockTable, KvError> {
+        Ok(self.table_of(self.seq(seq)?))
     }
 
-    pub fn pin_table(&self, pin: PinId) -> Result<&BlockTable, KvError> {
-        Ok(&self.pin_state(pin)?.table)
+    pub fn pin_table(&self, pin: PinId) -> Result<BlockTable, KvError> {
+        Ok(self.table_of(self.pin_state(pin)?))
     }
 
-    pub fn pin_tokens(&self, pin: PinId) -> Result<&[TokenId], KvError> {
-        Ok(&self.pin_state(pin)?.tokens)
+    pub fn pin_tokens(&self, pin: PinId) -> Result<Vec<TokenId>, KvError> {
+        Ok(self.tokens_of(self.pin_state(pin)?))
     }
 
     pub fn contains(&self, seq: SeqId) -> bool {
@@ -279,6 +364,24 @@ impl KvCache {
         let mut v: Vec<PinId> = self.pins.keys().copied().collect();
         v.sort();
         v
+    }
+
+    /// How many tables and pins list each block (indexed by block). The pool's
+    /// refcounts count holders instead (a shared segment is one holder); both are zero
+    /// for exactly the same blocks. O(blocks of every table).
+    pub fn references(&self) -> Vec<u32> {
+        let mut refs = vec![0u32; self.num_blocks()];
+        for p in self.seqs.values().chain(self.pins.values()) {
+            for b in self.blocks_of(p) {
+                refs[b.index()] += 1;
+            }
+        }
+        refs
+    }
+
+    /// Frozen segments alive (diagnostics: a fork adds at most one).
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
     }
 
     // ----- block bookkeeping --------------------------------------------------------
@@ -323,6 +426,26 @@ impl KvCache {
         }
     }
 
+    /// Drops one reference on a segment; a segment left unreferenced releases its
+    /// blocks and its reference on its parent, and so on up the chain.
+    fn release_segment(&mut self, mut at: Option<SegmentId>) {
+        while let Some(id) = at {
+            match self.segments.release(id) {
+                Some(seg) => {
+                    self.release_all(&seg.blocks);
+                    at = seg.parent;
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// Releases everything a table holds (own blocks last to first, then its chain).
+    fn release_prefix(&mut self, p: Prefix) {
+        self.release_all(&p.blocks);
+        self.release_segment(p.frozen);
+    }
+
     /// Whether `block` may be written in place by its (single) holder.
     fn writable(&self, block: BlockId) -> bool {
         self.pool.refcount(block) == 1 && !self.index.is_indexed(block)
@@ -336,14 +459,16 @@ impl KvCache {
         }
     }
 
-    /// Replaces block `i` of `seq`'s table by a private copy of its first `rows` rows.
+    /// Replaces block `i` of `seq`'s table (in its own part) by a private copy of its
+    /// first `rows` rows.
     fn copy_on_write(&mut self, seq: SeqId, i: usize, rows: usize) -> Result<BlockId, KvError> {
         let new = self.alloc_block().ok_or_else(|| self.out_of_blocks(1))?;
         let st = self
             .seqs
             .get_mut(&seq)
             .expect("caller checked the sequence");
-        let old = std::mem::replace(&mut st.table.blocks[i], new);
+        let own = i - st.frozen_blocks;
+        let old = std::mem::replace(&mut st.blocks[own], new);
         if rows > 0 {
             self.pool.copy_block(old, new, rows);
             self.cow_copies += 1;
@@ -365,16 +490,93 @@ impl KvCache {
         id
     }
 
+    /// A new table sharing every valid position of `p`, which must be frozen (no own
+    /// full blocks): one more reference on its last segment and on its partly filled
+    /// last block. O(1) in the prefix length.
+    fn share(&mut self, p: &Prefix) -> Prefix {
+        debug_assert!(p.hashes.is_empty(), "share() of an unfrozen table");
+        if let Some(id) = p.frozen {
+            self.segments.retain(id);
+        }
+        let partial = p.len > p.frozen_blocks * self.block_size();
+        let blocks = if partial {
+            vec![p.blocks[0]]
+        } else {
+            Vec::new()
+        };
+        for &b in &blocks {
+            self.retain_block(b);
+        }
+        Prefix {
+            frozen: p.frozen,
+            frozen_blocks: p.frozen_blocks,
+            blocks,
+            tokens: p.tokens.clone(),
+            hashes: Vec::new(),
+            len: p.len,
+            epoch: p.epoch,
+        }
+    }
+
+    /// A new table holding the first `len` positions of `p` (references taken). Shares
+    /// the longest run of `p`'s segments that ends at or before `len`; the blocks after
+    /// it are listed (and referenced) one by one.
+    fn prefix_of(&mut self, p: &Prefix, len: usize) -> Prefix {
+        let bs = self.block_size();
+        debug_assert!(len <= p.len);
+        let full = len / bs;
+        let need = blocks_for(len, bs);
+        let mut out = if full >= p.frozen_blocks {
+            if let Some(id) = p.frozen {
+                self.segments.retain(id);
+            }
+            let skip = p.frozen_blocks * bs;
+            Prefix {
+                frozen: p.frozen,
+                frozen_blocks: p.frozen_blocks,
+                blocks: p.blocks[..need - p.frozen_blocks].to_vec(),
+                tokens: p.tokens[..len - skip].to_vec(),
+                hashes: p.hashes[..full - p.frozen_blocks].to_vec(),
+                len,
+                epoch: p.epoch,
+            }
+        } else {
+            // The deepest segment of the chain that ends within the first `full` blocks.
+            let chain = self.segments.chain(p.frozen);
+            let keep = chain
+                .iter()
+                .rev()
+                .copied()
+                .find(|&id| self.segments.get(id).end_block() <= full);
+            let start = keep.map_or(0, |id| self.segments.get(id).end_block());
+            if let Some(id) = keep {
+                self.segments.retain(id);
+            }
+            let (blocks, tokens, hashes) =
+                (self.blocks_of(p), self.tokens_of(p), self.hashes_of(p));
+            Prefix {
+                frozen: keep,
+                frozen_blocks: start,
+                blocks: blocks[start..need].to_vec(),
+                tokens: tokens[start * bs..len].to_vec(),
+                hashes: hashes[start..full].to_vec(),
+                len,
+                epoch: p.epoch,
+            }
+        };
+        let own = std::mem::take(&mut out.blocks);
+        for &b in &own {
+            self.retain_block(b);
+        }
+        out.blocks = own;
+        out
+    }
+
     // ----- sequences ----------------------------------------------------------------
 
     /// An empty sequence.
     pub fn new_sequence(&mut self) -> SeqId {
-        self.insert_seq(Prefix {
-            table: BlockTable::new(),
-            tokens: Vec::new(),
-            hashes: Vec::new(),
-            epoch: self.epoch,
-        })
+        self.insert_seq(Prefix::empty(self.epoch))
     }
 
     /// The longest run of cached full blocks holding a prefix of `tokens`, and the
@@ -401,34 +603,35 @@ impl KvCache {
         }
         let matched = blocks.len() * self.block_size();
         let seq = self.insert_seq(Prefix {
-            table: BlockTable {
-                blocks,
-                len: matched,
-            },
+            blocks,
             tokens: prompt[..matched].to_vec(),
             hashes,
-            epoch: self.epoch,
+            len: matched,
+            ..Prefix::empty(self.epoch)
         });
         if matched > 0 && matched == prompt.len() {
             self.truncate(seq, matched - 1)
                 .expect("a shorter length of a live sequence");
         }
-        let len = self.seqs[&seq].table.len;
+        let len = self.seqs[&seq].len;
         (seq, len)
     }
 
-    /// A new sequence sharing every block of `seq`'s valid positions (one more
-    /// reference each; O(blocks), no KV copied). Blocks `seq` reserved beyond its
+    /// A new sequence sharing every block of `seq`'s valid positions, in O(1) of the
+    /// prefix length (see the module docs: `seq`'s own full blocks are frozen into a
+    /// segment both then share; no KV is copied). Blocks `seq` reserved beyond its
     /// length stay its own.
     pub fn fork(&mut self, seq: SeqId) -> Result<SeqId, KvError> {
-        let st = self.seq(seq)?;
-        let child = st.prefix(st.table.len, self.block_size());
-        for &b in &child.table.blocks {
-            self.retain_block(b);
-        }
+        let bs = self.block_size();
+        let st = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        st.freeze(&mut self.segments, bs);
+        let st = self.seqs[&seq].clone();
+        let child = self.share(&st);
         Ok(self.insert_seq(child))
     }
-
     /// Makes room for `n_new` more positions of `seq` (at `len..len + n_new`): allocates
     /// the missing blocks and replaces any of the blocks to be written that are shared
     /// or indexed by private copies, evicting cached blocks LRU-first if the free list
@@ -439,16 +642,18 @@ impl KvCache {
         if n_new == 0 {
             return Ok(());
         }
-        let start = st.table.len;
+        let start = st.len;
         let end = start.checked_add(n_new).ok_or(KvError::BeyondCapacity {
             seq,
             position: usize::MAX,
-            capacity: st.table.capacity(bs),
+            capacity: st.capacity(bs),
         })?;
-        let have = st.table.blocks.len();
+        let fb = st.frozen_blocks;
+        let have = fb + st.blocks.len();
         let want = blocks_for(end, bs);
+        // Blocks to be written start at `len / bs >= frozen_blocks`: all in the own part.
         let copies: Vec<usize> = (start / bs..have.min(want))
-            .filter(|&i| !self.writable(st.table.blocks[i]))
+            .filter(|&i| !self.writable(st.blocks[i - fb]))
             .collect();
         let needed = want.saturating_sub(have) + copies.len();
         if needed > self.available_blocks() {
@@ -460,7 +665,9 @@ impl KvCache {
         }
         for _ in have..want {
             let b = self.alloc_block().ok_or_else(|| self.out_of_blocks(1))?;
-            self.seqs.get_mut(&seq).unwrap().table.blocks.push(b);
+            if let Some(st) = self.seqs.get_mut(&seq) {
+                st.blocks.push(b);
+            }
         }
         Ok(())
     }
@@ -475,8 +682,8 @@ impl KvCache {
             .seqs
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        let new_len = st.table.len + tokens.len();
-        let capacity = st.table.capacity(bs);
+        let new_len = st.len + tokens.len();
+        let capacity = st.capacity(bs);
         if new_len > capacity {
             return Err(KvError::BeyondCapacity {
                 seq,
@@ -485,15 +692,25 @@ impl KvCache {
             });
         }
         st.tokens.extend_from_slice(tokens);
-        st.table.len = new_len;
-        while st.hashes.len() < new_len / bs {
+        st.len = new_len;
+        let fb = st.frozen_blocks;
+        while fb + st.hashes.len() < new_len / bs {
             let i = st.hashes.len();
-            let parent = if i == 0 { ROOT_HASH } else { st.hashes[i - 1] };
+            let parent = match (st.hashes.last(), st.frozen) {
+                (Some(&h), _) => h,
+                (None, Some(id)) => *self
+                    .segments
+                    .get(id)
+                    .hashes
+                    .last()
+                    .expect("segments are never empty"),
+                (None, None) => ROOT_HASH,
+            };
             let chunk = &st.tokens[i * bs..(i + 1) * bs];
             let hash = chain_hash(parent, chunk);
             st.hashes.push(hash);
             if st.epoch == epoch {
-                self.index.register(hash, parent, chunk, st.table.blocks[i]);
+                self.index.register(hash, parent, chunk, st.blocks[i]);
             }
         }
         Ok(())
@@ -507,29 +724,39 @@ impl KvCache {
             .seqs
             .get_mut(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        if len > st.table.len {
+        if len > st.len {
             return Err(KvError::BeyondLength {
                 seq,
-                len: st.table.len,
+                len: st.len,
                 requested: len,
             });
         }
-        let keep = blocks_for(len, bs);
-        let dropped = st.table.blocks.split_off(keep.min(st.table.blocks.len()));
-        st.table.len = len;
-        st.tokens.truncate(len);
-        st.hashes.truncate(len / bs);
-        self.release_all(&dropped);
+        let fb = st.frozen_blocks;
+        if len >= fb * bs {
+            let keep = blocks_for(len, bs) - fb;
+            let dropped = st.blocks.split_off(keep.min(st.blocks.len()));
+            st.len = len;
+            st.tokens.truncate(len - fb * bs);
+            st.hashes.truncate(len / bs - fb);
+            self.release_all(&dropped);
+        } else {
+            // Into the frozen chain: rebuild the table from its shared prefix.
+            let old = st.clone();
+            let new = self.prefix_of(&old, len);
+            self.seqs.insert(seq, new);
+            self.release_prefix(old);
+        }
         Ok(())
     }
 
     /// Drops `seq`, releasing its blocks (indexed full ones stay cached for reuse).
+    /// O(1) in the prefix it shares with other tables.
     pub fn free(&mut self, seq: SeqId) -> Result<(), KvError> {
         let st = self
             .seqs
             .remove(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
-        self.release_all(&st.table.blocks);
+        self.release_prefix(st);
         Ok(())
     }
 
@@ -544,18 +771,21 @@ impl KvCache {
 
     /// Pins the first `len` positions of `seq`.
     pub fn pin_prefix(&mut self, seq: SeqId, len: usize) -> Result<PinId, KvError> {
-        let st = self.seq(seq)?;
-        if len > st.table.len {
+        let bs = self.block_size();
+        let st = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(KvError::UnknownSequence(seq))?;
+        if len > st.len {
             return Err(KvError::BeyondLength {
                 seq,
-                len: st.table.len,
+                len: st.len,
                 requested: len,
             });
         }
-        let state = st.prefix(len, self.block_size());
-        for &b in &state.table.blocks {
-            self.retain_block(b);
-        }
+        st.freeze(&mut self.segments, bs);
+        let st = st.clone();
+        let state = self.prefix_of(&st, len);
         let id = PinId::new(self.next_pin);
         self.next_pin += 1;
         self.pins.insert(id, state);
@@ -565,22 +795,23 @@ impl KvCache {
     /// Releases a pin's references.
     pub fn unpin(&mut self, pin: PinId) -> Result<(), KvError> {
         let st = self.pins.remove(&pin).ok_or(KvError::UnknownPin(pin))?;
-        self.release_all(&st.table.blocks);
+        self.release_prefix(st);
         Ok(())
     }
 
-    /// A new sequence holding the pinned prefix (shared blocks, as [`fork`](Self::fork)).
+    /// A new sequence holding the pinned prefix (shared, as [`fork`](Self::fork)).
     pub fn fork_pin(&mut self, pin: PinId) -> Result<SeqId, KvError> {
-        let state = self.pin_state(pin)?.clone();
-        for &b in &state.table.blocks {
-            self.retain_block(b);
-        }
-        Ok(self.insert_seq(state))
+        let bs = self.block_size();
+        let st = self.pins.get_mut(&pin).ok_or(KvError::UnknownPin(pin))?;
+        st.freeze(&mut self.segments, bs);
+        let st = st.clone();
+        let child = self.share(&st);
+        Ok(self.insert_seq(child))
     }
 
     /// Valid positions of a pin.
     pub fn pin_len(&self, pin: PinId) -> Result<usize, KvError> {
-        Ok(self.pin_state(pin)?.table.len)
+        Ok(self.pin_state(pin)?.len)
     }
 
     // ----- prefix cache -------------------------------------------------------------
@@ -600,7 +831,8 @@ impl KvCache {
 
     /// Writes one position's key and value for `layer`. The block holding `position`
     /// must be reserved; if it is shared or indexed, it is first copied (copy-on-write,
-    /// which can fail with [`KvError::OutOfBlocks`] if `reserve` was skipped).
+    /// which can fail with [`KvError::OutOfBlocks`] if `reserve` was skipped). Positions
+    /// in a frozen (shared) segment are immutable: [`KvError::Frozen`].
     pub fn write(
         &mut self,
         seq: SeqId,
@@ -626,17 +858,20 @@ impl KvCache {
         }
         let st = self.seq(seq)?;
         let (i, row) = BlockTable::locate(position, bs);
-        let Some(&block) = st.table.blocks.get(i) else {
+        if i < st.frozen_blocks {
+            return Err(KvError::Frozen { seq, position });
+        }
+        let Some(&block) = st.blocks.get(i - st.frozen_blocks) else {
             return Err(KvError::BeyondCapacity {
                 seq,
                 position,
-                capacity: st.table.capacity(bs),
+                capacity: st.capacity(bs),
             });
         };
         let block = if self.writable(block) {
             block
         } else {
-            let rows = self.rows_to_keep(i, st.table.len, position);
+            let rows = self.rows_to_keep(i, st.len, position);
             self.copy_on_write(seq, i, rows)?
         };
         self.pool.write_row(layer, block, row, key, value);
@@ -652,18 +887,24 @@ impl KvCache {
         if layer >= self.pool.num_layers() {
             return Vec::new();
         }
-        let n = blocks_for(len, self.block_size()).min(st.table.blocks.len());
-        st.table.blocks[..n]
-            .iter()
-            .map(|&b| (self.pool.keys(layer, b), self.pool.values(layer, b)))
-            .collect()
+        let n = blocks_for(len, self.block_size()).min(st.frozen_blocks + st.blocks.len());
+        let mut out = Vec::with_capacity(n);
+        let chain = self.segments.chain(st.frozen);
+        let frozen = chain.iter().flat_map(|&id| &self.segments.get(id).blocks);
+        for &b in frozen.chain(&st.blocks).take(n) {
+            out.push((self.pool.keys(layer, b), self.pool.values(layer, b)));
+        }
+        out
     }
 
     // ----- self-check ---------------------------------------------------------------
 
     /// Checks the layer's invariants; `Err` names the first one broken. O(blocks).
     ///
-    /// - every block's refcount equals the number of tables and pins listing it;
+    /// - every block's refcount equals its holders: the live segments listing it plus
+    ///   the tables and pins listing it in their own part;
+    /// - every segment's refcount equals the tables, pins and segments ending on it;
+    ///   segments chain without gaps and hold whole blocks of tokens and hashes;
     /// - every block is exactly one of: in use (refcount > 0), cached, free;
     /// - cached blocks are indexed; pinned blocks are in use (so never evicted);
     /// - every table's length fits its blocks and matches its token history.
@@ -671,20 +912,57 @@ impl KvCache {
         let n = self.num_blocks();
         let bs = self.block_size();
         let mut refs = vec![0u32; n];
+        let mut seg_refs: HashMap<SegmentId, u32> = HashMap::new();
+        for (id, seg) in self.segments.iter() {
+            if seg.blocks.is_empty()
+                || seg.tokens.len() != seg.blocks.len() * bs
+                || seg.hashes.len() != seg.blocks.len()
+            {
+                return Err(format!("segment {id:?}: sizes out of step"));
+            }
+            let parent_end = seg.parent.map_or(0, |p| self.segments.get(p).end_block());
+            if seg.start_block != parent_end {
+                return Err(format!("segment {id:?}: starts at {}", seg.start_block));
+            }
+            if let Some(p) = seg.parent {
+                *seg_refs.entry(p).or_default() += 1;
+            }
+            for b in &seg.blocks {
+                refs[b.index()] += 1;
+            }
+        }
         for (what, st) in self
             .seqs
             .iter()
             .map(|(id, st)| (id.to_string(), st))
             .chain(self.pins.iter().map(|(id, st)| (id.to_string(), st)))
         {
-            if st.table.len > st.table.capacity(bs) {
-                return Err(format!("{what}: length {} past its blocks", st.table.len));
+            let frozen_end = st.frozen.map_or(0, |f| self.segments.get(f).end_block());
+            if st.frozen_blocks != frozen_end {
+                return Err(format!("{what}: frozen blocks out of step"));
             }
-            if st.tokens.len() != st.table.len || st.hashes.len() != st.table.len / bs {
+            if let Some(f) = st.frozen {
+                *seg_refs.entry(f).or_default() += 1;
+            }
+            if st.len > st.capacity(bs) || st.len < st.frozen_blocks * bs {
+                return Err(format!("{what}: length {} past its blocks", st.len));
+            }
+            if st.tokens.len() != st.len - st.frozen_blocks * bs
+                || st.hashes.len() != st.len / bs - st.frozen_blocks
+            {
                 return Err(format!("{what}: token history out of step"));
             }
-            for b in &st.table.blocks {
+            for b in &st.blocks {
                 refs[b.index()] += 1;
+            }
+        }
+        for (id, seg) in self.segments.iter() {
+            let expected = seg_refs.get(&id).copied().unwrap_or(0);
+            if seg.refs != expected {
+                return Err(format!(
+                    "segment {id:?}: refcount {} but {expected} references",
+                    seg.refs
+                ));
             }
         }
         let mut seen = vec![0u8; n];
@@ -701,7 +979,7 @@ impl KvCache {
             let b = BlockId::new(i as u32);
             let rc = self.pool.refcount(b);
             if rc != refs[i] {
-                return Err(format!("{b}: refcount {rc} but {} references", refs[i]));
+                return Err(format!("{b}: refcount {rc} but {} holders", refs[i]));
             }
             let states = seen[i] as u32 + u32::from(rc > 0);
             if states != 1 {

@@ -27,6 +27,8 @@ pub enum KvError {
         requested: usize,
     },
     /// A write or commit reached past the blocks reserved for the sequence.
+    #[error("{seq}: position {position} is in a frozen prefix shared with forks; it cannot be rewritten")]
+    Frozen { seq: SeqId, position: usize },
     #[error("{seq}: position {position} is beyond its reserved capacity of {capacity}")]
     BeyondCapacity {
         seq: SeqId,

@@ -8,13 +8,18 @@
 //! - [`table`] — [`BlockTable`] — a sequence's blocks in position order and its length.
 //! - [`prefix`] — [`PrefixIndex`] — hash chain of full blocks → block, and the LRU of
 //!   cached (unreferenced, evictable) indexed blocks.
+//! - [`segment`] — frozen runs of full blocks that forked tables share as one
+//!   refcounted unit, so a fork or free is O(1) in the prefix length.
 //! - [`cache`] — [`KvCache`] — pool + sequences + pins + index: new / start (with prefix
 //!   reuse) / fork / reserve / commit / truncate / free / pin / unpin, and counters.
 //! - [`store`] — `impl KvStore for KvCache`, what the model's forward writes and reads.
 //!
 //! # Invariants
 //!
-//! - A block's refcount equals the number of block tables (sequences) and pins that list
+//! - A block's refcount equals its holders: the live frozen segments listing it plus
+//!   the tables (sequences) and pins listing it in their own part
+//!   ([`KvCache::references`] counts tables and pins instead; both are zero for the
+//!   same blocks). A segment's refcount equals the tables, pins and segments ending on
 //!   it. Every block is in exactly one state: *in use* (refcount > 0), *cached*
 //!   (refcount 0, in the prefix index, evictable) or *free*.
 //! - A block is freed (or cached) only when no table and no pin refers to it.
@@ -36,6 +41,7 @@ pub mod error;
 pub mod ids;
 pub mod pool;
 pub mod prefix;
+pub mod segment;
 pub mod store;
 pub mod table;
 

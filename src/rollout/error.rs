@@ -21,4 +21,12 @@ pub enum RolloutError {
     Io(PathBuf, std::io::Error),
     #[error("a rollout task failed: {0}")]
     Task(String),
+    /// A line of a forest file (`forest.jsonl`) that is not one JSON tree.
+    #[error("{path}, line {line}: not a forest tree: {message}")]
+    ForestLine {
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        message: String,
+    },
 }

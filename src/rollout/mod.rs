@@ -19,11 +19,15 @@ pub mod run;
 pub mod sampler;
 pub mod select;
 pub mod trajectory;
+pub mod view;
 
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;
 pub use forest::{Node, Tree};
-pub use run::{run_rollout, Output, Progress, RunSummary};
-pub use sampler::TreeConfig;
+pub use run::{
+    run_rollout, ForestSummary, Interrupt, Output, Progress, RunOptions, RunSummary, TokenSummary,
+};
+pub use sampler::{ForestCost, TreeConfig};
 pub use select::Selection;
 pub use trajectory::Trajectory;
+pub use view::{read_forest, render_forest_html};

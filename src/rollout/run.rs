@@ -4,26 +4,31 @@
 //! bytes whatever finishes first.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::advantage::AdvantageMode;
 use crate::engine::{Engine, EngineCounters};
 use crate::env::{Environment, QaSample};
+use crate::kv::SeqId;
+use crate::model::TokenId;
 
 use super::error::RolloutError;
 use super::export::{score_forest, TrajectoryRecord};
 use super::forest::Tree;
-use super::sampler::{sample_prompt_forest, SamplerContext, SamplerTally, TreeConfig};
+use super::sampler::{sample_prompt_forest, Forest, ForestCost, SamplerContext, TreeConfig};
 
-/// Token figures of a run, from the engine's counters and the sampler's bookkeeping.
-#[derive(Debug, Clone, Default, Serialize)]
+/// Token figures of a run or of one forest.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct TokenSummary {
     /// Prompt tokens computed (each prompt once with prefix reuse).
     pub prompt_prefilled: u64,
@@ -42,12 +47,49 @@ pub struct TokenSummary {
     pub computed: u64,
 }
 
+impl TokenSummary {
+    /// The figures of a forest (or of the run's shared prefix) from its cost.
+    pub fn from_cost(c: &ForestCost) -> Self {
+        let u = &c.usage;
+        TokenSummary {
+            prompt_prefilled: u
+                .prefilled
+                .saturating_sub(c.observation_tokens + c.recomputed),
+            observation_prefilled: c.observation_tokens,
+            decoded: u.decoded,
+            reused: u.reused(),
+            reused_prefix_cache: u.reused_prefix_cache,
+            recomputed: c.recomputed,
+            computed: u.computed(),
+        }
+    }
+}
+
+/// One prompt's forest in `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForestSummary {
+    pub prompt_index: usize,
+    pub prompt_uid: String,
+    pub trees: usize,
+    pub rollouts: usize,
+    pub mean_reward: f64,
+    pub tokens: TokenSummary,
+    pub tool_calls: u64,
+    /// Branches not started because the token budget was spent.
+    pub skipped_branches: u64,
+    pub wall_seconds: f64,
+}
+
 /// `summary.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
+    /// Prompts asked for.
     pub prompts: usize,
+    /// Prompts whose forest finished (fewer after an interrupt).
+    pub prompts_finished: usize,
     pub rollouts: usize,
     pub mean_reward: f64,
+    /// Totals: the forests' figures plus the run's shared prefix.
     pub tokens: TokenSummary,
     pub tokens_computed_per_rollout: f64,
     pub tool_calls: u64,
@@ -55,6 +97,37 @@ pub struct RunSummary {
     pub peak_kv_bytes: u64,
     pub config: TreeConfig,
     pub advantage: AdvantageMode,
+    pub token_budget: Option<u64>,
+    /// The token budget stopped some branches from starting.
+    pub budget_exhausted: bool,
+    /// The run was interrupted (SIGINT): only finished forests are in the output.
+    pub interrupted: bool,
+    /// Tokens of the prefix all prompts share (the system prompt), computed once for
+    /// the run before any forest starts, so every prompt finds it in the prefix cache
+    /// and the token counts do not depend on which prompt starts first.
+    pub shared_prefix: TokenSummary,
+    pub forests: Vec<ForestSummary>,
+}
+
+/// How a run is driven, beyond the shape of its trees.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub advantage: AdvantageMode,
+    /// Stop starting branches once this many tokens were computed (`--token-budget`).
+    pub token_budget: Option<u64>,
+    /// Most prompts whose forests grow at once (0: all). More prompts fill larger
+    /// batches; fewer keep KV use and the budget's overrun small.
+    pub max_concurrent_prompts: usize,
+}
+
+impl RunOptions {
+    pub fn new(advantage: AdvantageMode) -> Self {
+        RunOptions {
+            advantage,
+            token_budget: None,
+            max_concurrent_prompts: 0,
+        }
+    }
 }
 
 /// Progress after each finished prompt.
@@ -115,52 +188,104 @@ impl Output {
     }
 }
 
+/// A future that resolves when the run should stop early (e.g. on SIGINT).
+pub type Interrupt = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A finished prompt waiting for its turn to be written.
+struct Finished {
+    records: Vec<TrajectoryRecord>,
+    trees: Vec<Tree>,
+    summary: ForestSummary,
+}
+
 /// Runs every sample's forest and returns the summary (and writes `out` if given).
+///
+/// When `interrupt` resolves, forests still growing are abandoned (their sequences stay
+/// in the engine, which should be dropped), every finished forest is written, and the
+/// summary says `interrupted`.
+#[allow(clippy::too_many_arguments)]
 pub async fn run_rollout(
     engine: Engine,
     env: Arc<dyn Environment>,
     samples: Vec<QaSample>,
     config: TreeConfig,
-    advantage: AdvantageMode,
+    options: RunOptions,
     mut out: Option<Output>,
     progress: &mut dyn FnMut(Progress),
+    interrupt: Option<Interrupt>,
 ) -> Result<(RunSummary, Vec<TrajectoryRecord>), RolloutError> {
     let t0 = Instant::now();
-    let before = engine.stats().await?.counters;
+    let stats = engine.stats().await?;
+    let before = stats.counters;
+    let model = engine.model().clone();
+    let prompts: Vec<Vec<TokenId>> = samples
+        .iter()
+        .map(|q| model.chat_prompt(env.start(q).prompt()))
+        .collect::<Result<_, _>>()?;
+    let shared = if config.prefix_reuse {
+        prefill_shared_prefix(&engine, &prompts, stats.kv.block_size).await?
+    } else {
+        None
+    };
     let ctx = Arc::new(SamplerContext {
         engine: engine.clone(),
         env,
         config: config.clone(),
-        tally: SamplerTally::default(),
+        token_budget: options.token_budget,
+        computed_at_start: before.computed(),
+        budget_spent: AtomicBool::new(false),
     });
+    let n = samples.len();
+    let permits = Arc::new(Semaphore::new(match options.max_concurrent_prompts {
+        0 => n.max(1),
+        k => k,
+    }));
     let mut jobs = JoinSet::new();
     for (i, sample) in samples.iter().cloned().enumerate() {
         let ctx = ctx.clone();
+        let permits = permits.clone();
         jobs.spawn(async move {
-            let prompt_ids = ctx
-                .engine
-                .model()
-                .chat_prompt(ctx.env.start(&sample).prompt());
-            let trees = sample_prompt_forest(ctx, i as u64, sample).await;
-            (i, prompt_ids, trees)
+            let _permit = permits.acquire_owned().await;
+            (i, sample_prompt_forest(ctx, i as u64, sample).await)
         });
     }
-    let n = samples.len();
-    let mut ready: BTreeMap<usize, (Vec<TrajectoryRecord>, Vec<Tree>)> = BTreeMap::new();
+    let mut interrupt = interrupt.unwrap_or_else(|| Box::pin(std::future::pending()));
+    let mut interrupted = false;
+    let mut ready: BTreeMap<usize, Finished> = BTreeMap::new();
     let mut next_to_write = 0;
     let mut all = Vec::new();
+    let mut forests = Vec::new();
     let mut done = 0;
-    while let Some(joined) = jobs.join_next().await {
-        let (i, prompt_ids, trees) = joined.map_err(|e| RolloutError::Task(e.to_string()))?;
-        let (prompt_ids, mut trees) = (prompt_ids?, trees?);
-        let records = score_forest(&prompt_ids, &mut trees, advantage)?;
-        ready.insert(i, (records, trees));
-        // Write in prompt order: the file's bytes do not depend on finishing order.
-        while let Some((records, trees)) = ready.remove(&next_to_write) {
-            if let Some(o) = out.as_mut() {
-                o.write(&records, &trees)?;
+    loop {
+        let joined = tokio::select! {
+            j = jobs.join_next() => match j {
+                Some(j) => j,
+                None => break,
+            },
+            _ = &mut interrupt => {
+                interrupted = true;
+                break;
             }
-            all.extend(records);
+        };
+        let (i, forest) = joined.map_err(|e| RolloutError::Task(e.to_string()))?;
+        let mut forest = forest?;
+        let records = if forest.trees.is_empty() {
+            Vec::new()
+        } else {
+            score_forest(&prompts[i], &mut forest.trees, options.advantage)?
+        };
+        let summary = forest_summary(i, &samples[i], &forest, &records);
+        ready.insert(
+            i,
+            Finished {
+                records,
+                trees: forest.trees,
+                summary,
+            },
+        );
+        // Write in prompt order: the file's bytes do not depend on finishing order.
+        while let Some(f) = ready.remove(&next_to_write) {
+            write_finished(&mut out, f, &mut all, &mut forests)?;
             next_to_write += 1;
         }
         done += 1;
@@ -168,20 +293,37 @@ pub async fn run_rollout(
         progress(Progress {
             prompts_done: done,
             prompts: n,
-            rollouts: all.len() + ready.values().map(|(r, _)| r.len()).sum::<usize>(),
+            rollouts: all.len() + ready.values().map(|f| f.records.len()).sum::<usize>(),
             computed_tokens: c.computed() - before.computed(),
             seconds: t0.elapsed().as_secs_f64(),
         });
     }
+    if interrupted {
+        // Abandon forests still growing; keep every finished one (in prompt order,
+        // skipping the unfinished gaps).
+        jobs.abort_all();
+        for (_, f) in std::mem::take(&mut ready) {
+            write_finished(&mut out, f, &mut all, &mut forests)?;
+        }
+    }
+    let shared_prefix = match shared {
+        Some(seq) => TokenSummary::from_cost(&ForestCost {
+            usage: engine.free(seq).await?,
+            ..ForestCost::default()
+        }),
+        None => TokenSummary::default(),
+    };
     let after = engine.stats().await?.counters;
     let summary = summarize(
         &ctx,
-        &before,
-        &after,
+        shared_prefix,
+        forests,
         &all,
         n,
+        &after,
         t0.elapsed().as_secs_f64(),
-        advantage,
+        &options,
+        interrupted,
     );
     if let Some(o) = out.as_ref() {
         o.write_summary(&summary)?;
@@ -189,47 +331,120 @@ pub async fn run_rollout(
     Ok((summary, all))
 }
 
+/// Prefills the longest prefix every prompt shares (whole KV blocks of it), so the
+/// prompts find it in the prefix cache. Returns the sequence holding it, or `None`
+/// when the prompts share less than a block.
+async fn prefill_shared_prefix(
+    engine: &Engine,
+    prompts: &[Vec<TokenId>],
+    block_size: usize,
+) -> Result<Option<SeqId>, RolloutError> {
+    let Some(first) = prompts.first() else {
+        return Ok(None);
+    };
+    if prompts.len() < 2 {
+        return Ok(None);
+    }
+    let mut common = first.len();
+    for p in &prompts[1..] {
+        common = common.min(first.iter().zip(p).take_while(|(a, b)| a == b).count());
+    }
+    // Only full blocks are found by the prefix index; and a prompt must keep at least
+    // one token of its own to compute (its logits start the generation).
+    let common = (common.min(first.len() - 1) / block_size.max(1)) * block_size.max(1);
+    if common == 0 {
+        return Ok(None);
+    }
+    let seq = engine.add_sequence(first[..common].to_vec()).await?;
+    engine.prefill(seq).await?;
+    Ok(Some(seq))
+}
+
+fn write_finished(
+    out: &mut Option<Output>,
+    f: Finished,
+    all: &mut Vec<TrajectoryRecord>,
+    forests: &mut Vec<ForestSummary>,
+) -> Result<(), RolloutError> {
+    if let Some(o) = out.as_mut() {
+        o.write(&f.records, &f.trees)?;
+    }
+    all.extend(f.records);
+    forests.push(f.summary);
+    Ok(())
+}
+
+fn mean_reward(records: &[TrajectoryRecord]) -> f64 {
+    if records.is_empty() {
+        0.0
+    } else {
+        records.iter().map(|r| r.trajectory.reward).sum::<f64>() / records.len() as f64
+    }
+}
+
+fn forest_summary(
+    i: usize,
+    sample: &QaSample,
+    forest: &Forest,
+    records: &[TrajectoryRecord],
+) -> ForestSummary {
+    ForestSummary {
+        prompt_index: i,
+        prompt_uid: sample.id.to_string(),
+        trees: forest.trees.len(),
+        rollouts: records.len(),
+        mean_reward: mean_reward(records),
+        tokens: TokenSummary::from_cost(&forest.cost),
+        tool_calls: forest.cost.tool_calls,
+        skipped_branches: forest.cost.skipped_branches,
+        wall_seconds: forest.wall_seconds,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn summarize(
     ctx: &SamplerContext,
-    before: &EngineCounters,
-    after: &EngineCounters,
+    shared_prefix: TokenSummary,
+    forests: Vec<ForestSummary>,
     records: &[TrajectoryRecord],
     prompts: usize,
+    after: &EngineCounters,
     wall_seconds: f64,
-    advantage: AdvantageMode,
+    options: &RunOptions,
+    interrupted: bool,
 ) -> RunSummary {
-    let prefilled = after.prefilled - before.prefilled;
-    let decoded = after.decoded - before.decoded;
-    let observation = ctx.tally.observation_tokens.load(Ordering::Relaxed);
-    let recomputed = ctx.tally.recomputed.load(Ordering::Relaxed);
-    let computed = prefilled + decoded;
+    let mut tokens = shared_prefix;
+    for f in &forests {
+        let t = &f.tokens;
+        tokens.prompt_prefilled += t.prompt_prefilled;
+        tokens.observation_prefilled += t.observation_prefilled;
+        tokens.decoded += t.decoded;
+        tokens.reused += t.reused;
+        tokens.reused_prefix_cache += t.reused_prefix_cache;
+        tokens.recomputed += t.recomputed;
+        tokens.computed += t.computed;
+    }
     let rollouts = records.len();
     RunSummary {
         prompts,
+        prompts_finished: forests.len(),
         rollouts,
-        mean_reward: if rollouts == 0 {
-            0.0
-        } else {
-            records.iter().map(|r| r.trajectory.reward).sum::<f64>() / rollouts as f64
-        },
-        tokens: TokenSummary {
-            prompt_prefilled: prefilled.saturating_sub(observation + recomputed),
-            observation_prefilled: observation,
-            decoded,
-            reused: after.reused() - before.reused(),
-            reused_prefix_cache: after.reused_prefix_cache - before.reused_prefix_cache,
-            recomputed,
-            computed,
-        },
+        mean_reward: mean_reward(records),
+        tokens,
         tokens_computed_per_rollout: if rollouts == 0 {
             0.0
         } else {
-            computed as f64 / rollouts as f64
+            tokens.computed as f64 / rollouts as f64
         },
-        tool_calls: ctx.tally.tool_calls.load(Ordering::Relaxed),
+        tool_calls: forests.iter().map(|f| f.tool_calls).sum(),
         wall_seconds,
         peak_kv_bytes: after.peak_kv_bytes,
         config: ctx.config.clone(),
-        advantage,
+        advantage: options.advantage,
+        token_budget: options.token_budget,
+        budget_exhausted: ctx.budget_spent.load(Ordering::Relaxed),
+        interrupted,
+        shared_prefix,
+        forests,
     }
 }

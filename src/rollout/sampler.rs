@@ -13,13 +13,14 @@
 //! engine's batches, and each waits for its tool without holding the others up.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
-use crate::engine::{Engine, GenParams, Sampling, SeqRng};
+use crate::engine::{Engine, GenParams, Sampling, SeqRng, SeqUsage};
 use crate::env::{Environment, Episode, QaSample};
 use crate::kv::SeqId;
 use crate::model::TokenId;
@@ -64,14 +65,40 @@ impl TreeConfig {
     }
 }
 
-/// Tokens the sampler itself accounts for (the engine counts the rest).
-#[derive(Debug, Default)]
-pub struct SamplerTally {
+/// What one prompt's forest cost: the usage of every sequence it ran (summed as each is
+/// freed) plus what only the sampler knows. Summed over forests it gives the run's
+/// figures, so every token the engine computed is attributed to exactly one forest
+/// (or to the run's shared prefix, see `run`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForestCost {
+    /// Engine usage of the sequences that consumed tokens (node snapshots, which only
+    /// hold a prefix for later branches, are not counted as reusing it).
+    pub usage: SeqUsage,
     /// Observation tokens appended to sequences.
-    pub observation_tokens: AtomicU64,
+    pub observation_tokens: u64,
     /// Prefix tokens re-sent because prefix reuse was off.
-    pub recomputed: AtomicU64,
-    pub tool_calls: AtomicU64,
+    pub recomputed: u64,
+    pub tool_calls: u64,
+    /// Branches not started because the run's token budget was spent.
+    pub skipped_branches: u64,
+}
+
+impl ForestCost {
+    pub fn add(&mut self, other: &ForestCost) {
+        self.usage.add(&other.usage);
+        self.observation_tokens += other.observation_tokens;
+        self.recomputed += other.recomputed;
+        self.tool_calls += other.tool_calls;
+        self.skipped_branches += other.skipped_branches;
+    }
+}
+
+/// A finished forest: its trees and what it cost.
+#[derive(Debug)]
+pub struct Forest {
+    pub trees: Vec<Tree>,
+    pub cost: ForestCost,
+    pub wall_seconds: f64,
 }
 
 /// A step node as grown, plus what is needed to branch from it later.
@@ -93,19 +120,54 @@ pub struct SamplerContext {
     pub engine: Engine,
     pub env: Arc<dyn Environment>,
     pub config: TreeConfig,
-    pub tally: SamplerTally,
+    /// Stop starting branches once the engine has computed this many tokens since
+    /// `computed_at_start` (`--token-budget`).
+    pub token_budget: Option<u64>,
+    pub computed_at_start: u64,
+    /// Set once the budget is found spent; then no new branch starts anywhere.
+    pub budget_spent: AtomicBool,
 }
 
-/// Grows one prompt's forest to the end.
+impl SamplerContext {
+    /// Whether a new branch (or prompt) may start under the token budget. In-flight
+    /// branches always finish: the budget can be overrun by what they compute.
+    pub async fn may_start(&self) -> Result<bool, RolloutError> {
+        let Some(budget) = self.token_budget else {
+            return Ok(true);
+        };
+        if self.budget_spent.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let computed = self.engine.stats().await?.counters.computed() - self.computed_at_start;
+        if computed >= budget {
+            self.budget_spent.store(true, Ordering::Relaxed);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+/// Grows one prompt's forest to the end (or until the token budget stops new branches).
 pub async fn sample_prompt_forest(
     ctx: Arc<SamplerContext>,
     prompt_index: u64,
     sample: QaSample,
-) -> Result<Vec<Tree>, RolloutError> {
+) -> Result<Forest, RolloutError> {
+    let t0 = Instant::now();
     let cfg = &ctx.config;
+    let uid = sample.id.to_string();
+    let mut trees: Vec<Tree> = (0..cfg.trees).map(|t| Tree::new(uid.clone(), t)).collect();
+    let mut cost = ForestCost::default();
+    if !ctx.may_start().await? {
+        cost.skipped_branches += cfg.trees as u64;
+        return Ok(Forest {
+            trees: Vec::new(),
+            cost,
+            wall_seconds: t0.elapsed().as_secs_f64(),
+        });
+    }
     let episode = ctx.env.start(&sample);
     let prompt_ids = ctx.engine.model().chat_prompt(episode.prompt())?;
-    let uid = sample.id.to_string();
     // The prompt, prefilled once: every tree forks from it. Without prefix reuse each
     // chain sends the prompt itself, so no shared root is computed.
     let root = if cfg.prefix_reuse {
@@ -116,7 +178,6 @@ pub async fn sample_prompt_forest(
         None
     };
 
-    let mut trees: Vec<Tree> = (0..cfg.trees).map(|t| Tree::new(uid.clone(), t)).collect();
     let mut runtime: Vec<HashMap<usize, NodeRuntime>> = (0..cfg.trees)
         .map(|_| {
             HashMap::from([(
@@ -131,85 +192,114 @@ pub async fn sample_prompt_forest(
     let mut branch_counter = vec![0u64; cfg.trees];
 
     // Round 0: one chain per tree; rounds 1..=L: N branches per tree.
-    for round in 0..=cfg.rounds {
-        let mut jobs = JoinSet::new();
-        for t in 0..cfg.trees {
-            let starts = if round == 0 {
-                vec![0]
-            } else {
-                let mut rng =
-                    SeqRng::from_parts(&[cfg.seed, prompt_index, t as u64, round as u64, 0x5E1]);
-                select_nodes(cfg.selection, &trees[t].inner_steps(), cfg.expand, &mut rng)
-            };
-            for start in starts {
-                let branch = branch_counter[t];
-                branch_counter[t] += 1;
-                let rt = &runtime[t][&start];
-                let snapshot = rt.snapshot;
-                let ep = rt.episode.clone();
-                let prefix = if cfg.prefix_reuse {
-                    None
+    let grown = async {
+        for round in 0..=cfg.rounds {
+            let mut jobs = JoinSet::new();
+            for t in 0..cfg.trees {
+                let starts = if round == 0 {
+                    vec![0]
                 } else {
-                    Some(prefix_tokens(&prompt_ids, &trees[t], start))
+                    let mut rng = SeqRng::from_parts(&[
+                        cfg.seed,
+                        prompt_index,
+                        t as u64,
+                        round as u64,
+                        0x5E1,
+                    ]);
+                    select_nodes(cfg.selection, &trees[t].inner_steps(), cfg.expand, &mut rng)
                 };
-                let depth = trees[t].nodes[start].depth;
-                let seed = vec![cfg.seed, prompt_index, t as u64, branch];
-                // Everything but the very first chain re-sends tokens computed before.
-                let resent = round > 0 || t > 0;
-                let ctx = ctx.clone();
-                jobs.spawn(async move {
-                    let grown = grow_branch(&ctx, snapshot, prefix, resent, ep, depth, seed).await;
-                    (t, branch, start, grown)
-                });
+                for start in starts {
+                    // Branch ids are drawn even for skipped branches, so a budget never
+                    // changes the seeds of the branches that do run.
+                    let branch = branch_counter[t];
+                    branch_counter[t] += 1;
+                    if !ctx.may_start().await? {
+                        cost.skipped_branches += 1;
+                        continue;
+                    }
+                    let rt = &runtime[t][&start];
+                    let snapshot = rt.snapshot;
+                    let ep = rt.episode.clone();
+                    let prefix = if cfg.prefix_reuse {
+                        None
+                    } else {
+                        Some(prefix_tokens(&prompt_ids, &trees[t], start))
+                    };
+                    let depth = trees[t].nodes[start].depth;
+                    let seed = vec![cfg.seed, prompt_index, t as u64, branch];
+                    // Everything but the very first chain re-sends tokens computed before.
+                    let resent = round > 0 || t > 0;
+                    let ctx = ctx.clone();
+                    jobs.spawn(async move {
+                        let grown =
+                            grow_branch(&ctx, snapshot, prefix, resent, ep, depth, seed).await;
+                        (t, branch, start, grown)
+                    });
+                }
+            }
+            let mut results = Vec::new();
+            while let Some(joined) = jobs.join_next().await {
+                let (t, branch, start, grown) =
+                    joined.map_err(|e| RolloutError::Task(format!("branch task failed: {e}")))?;
+                let (chain, branch_cost) = grown?;
+                cost.add(&branch_cost);
+                results.push((t, branch, start, chain));
+            }
+            // Insert in a fixed order so node ids do not depend on task timing.
+            results.sort_by_key(|&(t, branch, _, _)| (t, branch));
+            for (t, _, start, chain) in results {
+                let mut parent = start;
+                for g in chain {
+                    let id = trees[t].nodes.len();
+                    let mut node = g.node;
+                    node.id = id;
+                    node.parent = Some(parent);
+                    trees[t].nodes.push(node);
+                    runtime[t].insert(
+                        id,
+                        NodeRuntime {
+                            snapshot: g.snapshot,
+                            episode: g.episode,
+                        },
+                    );
+                    parent = id;
+                }
             }
         }
-        let mut results = Vec::new();
-        while let Some(joined) = jobs.join_next().await {
-            let (t, branch, start, grown) = joined.map_err(|e| {
-                RolloutError::Engine(crate::engine::EngineError::Model(
-                    crate::model::ModelError::KvStore(format!("branch task failed: {e}")),
-                ))
-            })?;
-            results.push((t, branch, start, grown?));
-        }
-        // Insert in a fixed order so node ids do not depend on task timing.
-        results.sort_by_key(|&(t, branch, _, _)| (t, branch));
-        for (t, _, start, chain) in results {
-            let mut parent = start;
-            for g in chain {
-                let id = trees[t].nodes.len();
-                let mut node = g.node;
-                node.id = id;
-                node.parent = Some(parent);
-                trees[t].nodes.push(node);
-                runtime[t].insert(
-                    id,
-                    NodeRuntime {
-                        snapshot: g.snapshot,
-                        episode: g.episode,
-                    },
-                );
-                parent = id;
-            }
-        }
+        Ok::<(), RolloutError>(())
     }
+    .await;
 
-    // Release every snapshot; the root sequence is shared by all trees.
+    // Release every snapshot (also after an error); the root is shared by all trees.
+    // Snapshots compute nothing and consume nothing, so only the root's usage counts.
     let mut freed = std::collections::HashSet::new();
     for rt in runtime.iter().flat_map(|m| m.values()) {
         if let Some(s) = rt.snapshot {
             if freed.insert(s) {
-                ctx.engine.free(s).await?;
+                let usage = ctx.engine.free(s).await?;
+                if Some(s) == root {
+                    cost.usage.add(&usage);
+                } else {
+                    debug_assert_eq!(usage.computed(), 0, "a snapshot computed tokens");
+                }
             }
         }
     }
+    grown?;
+    // Trees that never got a chain (the budget ran out first) are not exported.
+    trees.retain(|t| t.nodes.len() > 1);
     if let Some(k) = cfg.keep {
-        for (t, tree) in trees.iter_mut().enumerate() {
-            let mut rng = SeqRng::from_parts(&[cfg.seed, prompt_index, t as u64, 0x4EE9]);
+        for tree in trees.iter_mut() {
+            let mut rng =
+                SeqRng::from_parts(&[cfg.seed, prompt_index, tree.tree_id as u64, 0x4EE9]);
             keep_leaves(tree, k, &mut rng);
         }
     }
-    Ok(trees)
+    Ok(Forest {
+        trees,
+        cost,
+        wall_seconds: t0.elapsed().as_secs_f64(),
+    })
 }
 
 /// Prompt plus every token on the path to `node` (model and observation tokens).
@@ -232,16 +322,15 @@ async fn grow_branch(
     mut episode: Episode,
     start_depth: usize,
     seed: Vec<u64>,
-) -> Result<Vec<Grown>, RolloutError> {
+) -> Result<(Vec<Grown>, ForestCost), RolloutError> {
     let engine = &ctx.engine;
+    let mut cost = ForestCost::default();
     let model = engine.model().clone();
     let seq = match (&prefix, snapshot) {
         (Some(tokens), _) => {
             // Reference behaviour: the whole prefix is sent again and recomputed.
             if resent {
-                ctx.tally
-                    .recomputed
-                    .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+                cost.recomputed += tokens.len() as u64;
             }
             engine.add_sequence(tokens.clone()).await?
         }
@@ -279,7 +368,7 @@ async fn grow_branch(
                 outcome.action,
                 crate::env::Action::Search(_) | crate::env::Action::Calc(_)
             ) {
-                ctx.tally.tool_calls.fetch_add(1, Ordering::Relaxed);
+                cost.tool_calls += 1;
             }
             let mut node = Node::root();
             node.depth = depth;
@@ -293,9 +382,7 @@ async fn grow_branch(
             if !outcome.done {
                 if let Some(obs) = &outcome.observation {
                     let ids = model.tokenizer.encode(obs, false)?;
-                    ctx.tally
-                        .observation_tokens
-                        .fetch_add(ids.len() as u64, Ordering::Relaxed);
+                    cost.observation_tokens += ids.len() as u64;
                     engine.append(seq, ids.clone()).await?;
                     node.obs_tokens = ids;
                 }
@@ -318,9 +405,10 @@ async fn grow_branch(
         Ok::<(), RolloutError>(())
     }
     .await;
-    engine.free(seq).await?;
+    let usage = engine.free(seq).await?;
+    cost.usage.add(&usage);
     result?;
-    Ok(out)
+    Ok((out, cost))
 }
 
 /// Keeps `k` leaves chosen at random and drops nodes left without a leaf below.

@@ -1,0 +1,60 @@
+//! Aggregate decode speed of our engine: `batch` sequences generating together.
+//!
+//! Each sequence gets the same short chat prompt (its prefill is done and awaited
+//! before the clock starts), then all generate exactly `new_tokens` tokens greedily
+//! with no stop token, concurrently; the figure is `batch × new_tokens / seconds`,
+//! sampling and scheduling included. This is what a rollout's decode phase costs.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::engine::{Engine, EngineConfig, EngineError, GenParams};
+use crate::model::{ChatMessage, LoadedModel};
+
+/// A measured decode speed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DecodeSpeed {
+    pub engine: &'static str,
+    pub batch: usize,
+    pub new_tokens: usize,
+    pub tokens_per_second: f64,
+}
+
+/// The prompt every decode measurement uses (ours and the peer's).
+pub const DECODE_PROMPT: &str = "Write a long story about a lighthouse keeper and a storm.";
+
+/// Decode tokens/s of our engine at `batch` sequences, each generating `new_tokens`.
+pub async fn engine_decode_tokens_per_second(
+    model: &Arc<LoadedModel>,
+    batch: usize,
+    new_tokens: usize,
+) -> Result<DecodeSpeed, EngineError> {
+    let engine = Engine::start(model.clone(), EngineConfig::default())?;
+    let prompt = model.chat_prompt(&[ChatMessage::new("user", DECODE_PROMPT)])?;
+    let mut seqs = Vec::with_capacity(batch);
+    for _ in 0..batch.max(1) {
+        let seq = engine.add_sequence(prompt.clone()).await?;
+        engine.prefill(seq).await?;
+        seqs.push(seq);
+    }
+    let t0 = Instant::now();
+    let mut jobs = tokio::task::JoinSet::new();
+    for &seq in &seqs {
+        let engine = engine.clone();
+        jobs.spawn(async move { engine.generate(seq, GenParams::greedy(new_tokens)).await });
+    }
+    let mut tokens = 0;
+    while let Some(joined) = jobs.join_next().await {
+        let gen = joined.map_err(|e| EngineError::Failed(format!("decode task: {e}")))??;
+        tokens += gen.tokens.len();
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(DecodeSpeed {
+        engine: "treegrpo",
+        batch: seqs.len(),
+        new_tokens,
+        tokens_per_second: tokens as f64 / seconds.max(1e-9),
+    })
+}

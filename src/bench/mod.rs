@@ -1,0 +1,20 @@
+//! `treegrpo bench`: what tree rollouts save, measured. The same prompts and seed run
+//! through every mode one after another in one process, each on a fresh engine (so no
+//! mode inherits another's prefix cache), and every figure comes from the engine's
+//! counters and the wall clock.
+//!
+//! - [`modes`]: the modes (chain G=4, trees at the paper's budgets, the reference
+//!   selection, and prefix recomputation) and running one.
+//! - [`decode`]: aggregate decode tokens/s of our engine at a given batch size.
+//! - [`report`]: the markdown table and the JSON document.
+//!
+//! This layer sits above `rollout` (and the `peer` module when the `mistralrs` feature
+//! is on); nothing imports it but the CLI.
+
+pub mod decode;
+pub mod modes;
+pub mod report;
+
+pub use decode::{engine_decode_tokens_per_second, DecodeSpeed};
+pub use modes::{default_modes, run_mode, BenchMode, BenchRun, BenchSettings};
+pub use report::{machine_info, markdown, BenchReport, MachineInfo};

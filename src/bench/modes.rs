@@ -1,0 +1,223 @@
+//! The benchmark's modes and how one is run.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::advantage::AdvantageMode;
+use crate::engine::{Engine, EngineConfig, Sampling};
+use crate::env::{Environment, QaSample};
+use crate::model::LoadedModel;
+use crate::rollout::{
+    run_rollout, Progress, RolloutError, RunOptions, RunSummary, Selection, TokenSummary,
+    TreeConfig,
+};
+
+/// The shape of one mode's rollouts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModeConfig {
+    pub trees: usize,
+    pub expand: usize,
+    pub rounds: usize,
+    pub keep: Option<usize>,
+    pub select: Selection,
+    /// G for chain modes (`None` for trees).
+    pub chains: Option<usize>,
+}
+
+/// One row of the benchmark.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchMode {
+    /// `chain`, `tree`, `tree-recompute` (or `mistralrs-chain` for the peer).
+    pub mode: String,
+    /// A unique name (what `--only` takes): the mode with its shape, e.g.
+    /// `tree-2-2-1` or `tree-2-2-1-reference`.
+    pub label: String,
+    pub config: ModeConfig,
+    /// Branches fork cached prefixes (off: every prefix is re-sent and recomputed).
+    pub prefix_reuse: bool,
+}
+
+impl BenchMode {
+    pub fn chain(g: usize) -> Self {
+        BenchMode {
+            mode: "chain".into(),
+            label: format!("chain-{g}"),
+            config: ModeConfig {
+                trees: g,
+                expand: 0,
+                rounds: 0,
+                keep: None,
+                select: Selection::Paper,
+                chains: Some(g),
+            },
+            prefix_reuse: true,
+        }
+    }
+
+    pub fn tree(m: usize, n: usize, l: usize, select: Selection) -> Self {
+        let sel = match select {
+            Selection::Paper => "",
+            Selection::Reference => "-reference",
+        };
+        BenchMode {
+            mode: "tree".into(),
+            label: format!("tree-{m}-{n}-{l}{sel}"),
+            config: ModeConfig {
+                trees: m,
+                expand: n,
+                rounds: l,
+                keep: None,
+                select,
+                chains: None,
+            },
+            prefix_reuse: true,
+        }
+    }
+
+    /// (M,N,L) with every branch's prefix re-sent, as the reference implementation does.
+    pub fn tree_recompute(m: usize, n: usize, l: usize) -> Self {
+        let mut mode = Self::tree(m, n, l, Selection::Paper);
+        mode.mode = "tree-recompute".into();
+        mode.label = format!("tree-recompute-{m}-{n}-{l}");
+        mode.prefix_reuse = false;
+        mode
+    }
+
+    pub fn tree_config(&self, settings: &BenchSettings) -> TreeConfig {
+        let c = &self.config;
+        TreeConfig {
+            trees: c.trees,
+            expand: c.expand,
+            rounds: c.rounds,
+            keep: c.keep,
+            selection: c.select,
+            sampling: settings.sampling,
+            max_step_tokens: settings.max_step_tokens,
+            seed: settings.seed,
+            prefix_reuse: self.prefix_reuse,
+        }
+    }
+}
+
+/// The default modes: chain G=4 (the baseline every ratio is against), trees at the
+/// paper's budgets of about 2, 4, 8 and 16 chains, (2,2,1) with the reference
+/// selection, and (2,2,1) recomputing prefixes.
+pub fn default_modes() -> Vec<BenchMode> {
+    vec![
+        BenchMode::chain(4),
+        BenchMode::tree(1, 2, 1, Selection::Paper),
+        BenchMode::tree(2, 2, 1, Selection::Paper),
+        BenchMode::tree(2, 2, 1, Selection::Reference),
+        BenchMode::tree(2, 6, 1, Selection::Paper),
+        BenchMode::tree(4, 5, 1, Selection::Paper),
+        BenchMode::tree_recompute(2, 2, 1),
+    ]
+}
+
+/// What every mode shares.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchSettings {
+    pub prompts: usize,
+    pub seed: u64,
+    pub sampling: Sampling,
+    pub max_step_tokens: usize,
+    pub kv_budget_bytes: usize,
+    pub max_concurrent_prompts: usize,
+}
+
+/// One mode's measured figures (a row of the table, an entry of `runs` in the JSON).
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRun {
+    pub mode: String,
+    pub label: String,
+    pub config: ModeConfig,
+    pub rollouts: usize,
+    pub tokens: TokenSummary,
+    pub tokens_computed_per_rollout: f64,
+    pub rollouts_per_10k_tokens: f64,
+    /// `rollouts_per_10k_tokens` over the chain baseline's (filled in by the report).
+    pub ratio_to_chain: Option<f64>,
+    pub wall_seconds: f64,
+    pub rollouts_per_second: f64,
+    /// `rollouts_per_second` over the chain baseline's (filled in by the report).
+    pub speed_ratio_to_chain: Option<f64>,
+    pub peak_kv_bytes: u64,
+    pub mean_reward: f64,
+    pub tool_calls: u64,
+    /// How token counts were obtained (ours: the engine's counters; a peer may differ).
+    pub token_source: String,
+}
+
+impl BenchRun {
+    /// The figures of a finished rollout run.
+    pub fn from_summary(mode: &BenchMode, s: &RunSummary) -> Self {
+        let computed = s.tokens.computed;
+        BenchRun {
+            mode: mode.mode.clone(),
+            label: mode.label.clone(),
+            config: mode.config.clone(),
+            rollouts: s.rollouts,
+            tokens: s.tokens,
+            tokens_computed_per_rollout: s.tokens_computed_per_rollout,
+            rollouts_per_10k_tokens: per_10k(s.rollouts, computed),
+            ratio_to_chain: None,
+            wall_seconds: s.wall_seconds,
+            rollouts_per_second: s.rollouts as f64 / s.wall_seconds.max(1e-9),
+            speed_ratio_to_chain: None,
+            peak_kv_bytes: s.peak_kv_bytes,
+            mean_reward: s.mean_reward,
+            tool_calls: s.tool_calls,
+            token_source: "engine counters".into(),
+        }
+    }
+}
+
+/// Rollouts per 10,000 computed tokens.
+pub fn per_10k(rollouts: usize, computed: u64) -> f64 {
+    if computed == 0 {
+        0.0
+    } else {
+        rollouts as f64 * 10_000.0 / computed as f64
+    }
+}
+
+/// Runs one mode on a fresh engine over `samples`.
+pub async fn run_mode(
+    model: &Arc<LoadedModel>,
+    env: Arc<dyn Environment>,
+    samples: &[QaSample],
+    mode: &BenchMode,
+    settings: &BenchSettings,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<BenchRun, RolloutError> {
+    let engine = Engine::start(
+        model.clone(),
+        EngineConfig {
+            kv_budget_bytes: settings.kv_budget_bytes,
+            prefix_cache: mode.prefix_reuse,
+            ..EngineConfig::default()
+        },
+    )?;
+    let advantage = if mode.config.chains.is_some() {
+        AdvantageMode::Grpo
+    } else {
+        AdvantageMode::Tree
+    };
+    let options = RunOptions {
+        max_concurrent_prompts: settings.max_concurrent_prompts,
+        ..RunOptions::new(advantage)
+    };
+    let (summary, _) = run_rollout(
+        engine,
+        env,
+        samples.to_vec(),
+        mode.tree_config(settings),
+        options,
+        None,
+        progress,
+        None,
+    )
+    .await?;
+    Ok(BenchRun::from_summary(mode, &summary))
+}

@@ -1,0 +1,118 @@
+//! The benchmark's outputs: a markdown table (what the README and BENCHMARKS.md quote)
+//! and a JSON document (`--json`) with the machine it ran on.
+
+use serde::Serialize;
+
+use super::decode::DecodeSpeed;
+use super::modes::{BenchRun, BenchSettings};
+
+/// Where the figures were measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct MachineInfo {
+    pub cpu: String,
+    /// Logical CPUs the process may use.
+    pub threads: usize,
+    pub os: String,
+    /// Threads our kernels run on (rayon's pool).
+    pub rayon_threads: usize,
+}
+
+/// Reads the CPU model from `/proc/cpuinfo` (Linux) and the thread counts.
+pub fn machine_info() -> MachineInfo {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    MachineInfo {
+        cpu,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+        rayon_threads: rayon::current_num_threads(),
+    }
+}
+
+/// The whole benchmark (`--json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    pub machine: MachineInfo,
+    pub model: String,
+    pub task: String,
+    pub settings: BenchSettings,
+    pub runs: Vec<BenchRun>,
+    pub decode: Vec<DecodeSpeed>,
+}
+
+impl BenchReport {
+    /// Fills in every run's ratios against the first `chain` run.
+    pub fn fill_ratios(&mut self) {
+        let Some(chain) = self.runs.iter().find(|r| r.mode == "chain").cloned() else {
+            return;
+        };
+        for r in &mut self.runs {
+            r.ratio_to_chain = ratio(r.rollouts_per_10k_tokens, chain.rollouts_per_10k_tokens);
+            r.speed_ratio_to_chain = ratio(r.rollouts_per_second, chain.rollouts_per_second);
+        }
+    }
+}
+
+fn ratio(a: f64, b: f64) -> Option<f64> {
+    (b > 0.0).then(|| a / b)
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("–".into(), |r| format!("{r:.2}×"))
+}
+
+/// The report as markdown: the rollout table, then decode speeds.
+pub fn markdown(report: &BenchReport) -> String {
+    let mut s = String::new();
+    s.push_str(&format!(
+        "{} prompts of {}, seed {}, max {} tokens per step, model {}\n",
+        report.settings.prompts,
+        report.task,
+        report.settings.seed,
+        report.settings.max_step_tokens,
+        report.model
+    ));
+    s.push_str(&format!(
+        "machine: {} ({} threads, {})\n\n",
+        report.machine.cpu, report.machine.threads, report.machine.os
+    ));
+    s.push_str("| mode | rollouts | prefilled | decoded | reused | recomputed | computed / rollout | rollouts / 10k tokens | vs chain | wall s | rollouts / s | vs chain | peak KV MiB | mean reward |\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in &report.runs {
+        let t = &r.tokens;
+        s.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {} | {:.1} | {:.3} | {} | {:.1} | {:.3} |\n",
+            r.label,
+            r.rollouts,
+            t.prompt_prefilled + t.observation_prefilled,
+            t.decoded,
+            t.reused,
+            t.recomputed,
+            r.tokens_computed_per_rollout,
+            r.rollouts_per_10k_tokens,
+            fmt_ratio(r.ratio_to_chain),
+            r.wall_seconds,
+            r.rollouts_per_second,
+            fmt_ratio(r.speed_ratio_to_chain),
+            r.peak_kv_bytes as f64 / (1u64 << 20) as f64,
+            r.mean_reward,
+        ));
+    }
+    if !report.decode.is_empty() {
+        s.push_str("\n| engine | batch | new tokens each | decode tokens/s |\n|---|---|---|---|\n");
+        for d in &report.decode {
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.1} |\n",
+                d.engine, d.batch, d.new_tokens, d.tokens_per_second
+            ));
+        }
+    }
+    s
+}

@@ -1,0 +1,143 @@
+//! `treegrpo bench`: every rollout mode on the same prompts and seed, as a markdown
+//! table or JSON (the figures README.md and BENCHMARKS.md quote).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Args;
+use treegrpo::bench::{
+    default_modes, engine_decode_tokens_per_second, machine_info, markdown, run_mode, BenchReport,
+    BenchSettings,
+};
+use treegrpo::engine::Sampling;
+use treegrpo::env::{EnvConfig, Task};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Built-in task: search-qa or calc.
+    #[arg(long, default_value = "search-qa")]
+    pub task: Task,
+    /// Data folder (default: the task's committed data).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// A .gguf file or an HF directory (default: the default model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value_t = 16)]
+    pub prompts: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Most tokens per agent step.
+    #[arg(long, default_value_t = 256)]
+    pub max_step_tokens: usize,
+    /// Tool turns before the forced answer turn.
+    #[arg(long, default_value_t = 3)]
+    pub turns: usize,
+    /// Run only these modes, comma-separated: names (`chain-4`, `tree-2-2-1`,
+    /// `tree-2-2-1-reference`, `tree-1-2-1`, `tree-2-6-1`, `tree-4-5-1`,
+    /// `tree-recompute-2-2-1`) or kinds (`chain`, `tree`, `tree-recompute`).
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
+    /// Batch sizes at which to measure decode tokens/s (empty: skip).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    pub decode_batches: Vec<usize>,
+    /// Tokens each sequence generates in the decode measurement.
+    #[arg(long, default_value_t = 64)]
+    pub decode_tokens: usize,
+    /// KV cache budget in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub kv_mib: usize,
+    /// Most prompts grown at once (0: all).
+    #[arg(long, default_value_t = 16)]
+    pub concurrent_prompts: usize,
+    /// Print JSON instead of the markdown table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
+    let model_path = match &a.model {
+        Some(p) => p.clone(),
+        None => treegrpo::model::fetch::ensure_default_model(&mut |msg| eprintln!("{msg}"))?,
+    };
+    let model = Arc::new(treegrpo::model::LoadedModel::load(&model_path)?);
+    let data = a.data.clone().unwrap_or_else(|| a.task.default_data());
+    let env_cfg = EnvConfig {
+        max_turns: a.turns,
+        ..EnvConfig::default()
+    };
+    let env = a.task.environment(&data, env_cfg)?;
+    let samples = a.task.samples(&data, a.prompts)?;
+    let settings = BenchSettings {
+        prompts: samples.len(),
+        seed: a.seed,
+        sampling: Sampling::from_temperature(Some(a.temperature)),
+        max_step_tokens: a.max_step_tokens,
+        kv_budget_bytes: a.kv_mib << 20,
+        max_concurrent_prompts: a.concurrent_prompts,
+    };
+    let modes: Vec<_> = default_modes()
+        .into_iter()
+        .filter(|m| a.only.is_empty() || a.only.iter().any(|o| *o == m.mode || *o == m.label))
+        .collect();
+    anyhow::ensure!(!modes.is_empty(), "--only matched no mode");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut report = BenchReport {
+        machine: machine_info(),
+        model: model_path.display().to_string(),
+        task: format!("{:?}", a.task),
+        settings,
+        runs: Vec::new(),
+        decode: Vec::new(),
+    };
+    for (i, mode) in modes.iter().enumerate() {
+        let label = mode.label.clone();
+        let n = modes.len();
+        let mut progress = |p: treegrpo::rollout::Progress| {
+            eprint!(
+                "\r[{}/{n}] {label}: {}/{} prompts, {} rollouts, {} tokens, {:.0} tok/s   ",
+                i + 1,
+                p.prompts_done,
+                p.prompts,
+                p.rollouts,
+                p.computed_tokens,
+                p.computed_tokens as f64 / p.seconds.max(1e-9)
+            );
+            let _ = std::io::stderr().flush();
+        };
+        let run = rt.block_on(run_mode(
+            &model,
+            env.clone(),
+            &samples,
+            mode,
+            &report.settings,
+            &mut progress,
+        ))?;
+        eprintln!();
+        report.runs.push(run);
+    }
+    for &batch in &a.decode_batches {
+        eprintln!("decode speed at batch {batch} …");
+        let speed = rt.block_on(engine_decode_tokens_per_second(
+            &model,
+            batch,
+            a.decode_tokens,
+        ))?;
+        report.decode.push(speed);
+    }
+    report.fill_ratios();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", markdown(&report));
+    }
+    Ok(())
+}
