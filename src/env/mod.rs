@@ -41,6 +41,6 @@ pub use protocol::EnvConfig;
 pub use reward::{RewardConfig, RewardLevels, RewardMetric};
 pub use sample::{load_samples, QaSample};
 pub use search_qa::{Bm25Retriever, SearchQaEnv, SearchTool, DEFAULT_TOP_K};
-pub use task::Task;
 pub use tags::Tags;
+pub use task::Task;
 pub use tool::{run_tool, Tool, ToolOutcome, ToolStatus};

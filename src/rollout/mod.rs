@@ -9,7 +9,9 @@
 //! - [`sampler`]: the tree sampler (M trees, N branches, L rounds, K kept) and the
 //!   chain baseline, with fork-based prefix reuse or reference-style recomputation.
 //! - [`export`]: advantages and per-leaf records from finished trees.
-//! - [`run`]: a whole run over many prompts: progress, ordered output, summary.
+//! - [`run`]: a whole run over many prompts: progress, ordered output, per-forest
+//!   accounting, token budget, interruption, summary.
+//! - [`view`]: `forest.jsonl` drawn as one self-contained HTML page.
 
 pub mod episode;
 pub mod error;
