@@ -2,8 +2,10 @@
 //!
 //! Each sequence gets the same short chat prompt (its prefill is done and awaited
 //! before the clock starts), then all generate exactly `new_tokens` tokens greedily
-//! with no stop token, concurrently; the figure is `batch × new_tokens / seconds`,
-//! sampling and scheduling included. This is what a rollout's decode phase costs.
+//! with no stop token, concurrently. A generation's first token is sampled from the
+//! prefill's logits (no forward), so `new_tokens - 1` batched one-token forwards are
+//! timed; the figure is `batch × (new_tokens - 1) / seconds`, sampling and scheduling
+//! included — the same quantity the mistral.rs peer measures (`peer::mistralrs_speed`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -48,7 +50,8 @@ pub async fn engine_decode_tokens_per_second(
     let mut tokens = 0;
     while let Some(joined) = jobs.join_next().await {
         let gen = joined.map_err(|e| EngineError::Failed(format!("decode task: {e}")))??;
-        tokens += gen.tokens.len();
+        // The first token came from the prefill: count decode forwards only.
+        tokens += gen.tokens.len().saturating_sub(1);
     }
     let seconds = t0.elapsed().as_secs_f64();
     Ok(DecodeSpeed {

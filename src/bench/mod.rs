@@ -16,5 +16,7 @@ pub mod modes;
 pub mod report;
 
 pub use decode::{engine_decode_tokens_per_second, DecodeSpeed};
+#[cfg(feature = "mistralrs")]
+pub use modes::run_mistralrs_chain;
 pub use modes::{default_modes, run_mode, BenchMode, BenchRun, BenchSettings};
 pub use report::{machine_info, markdown, BenchReport, MachineInfo};

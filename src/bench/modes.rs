@@ -221,3 +221,62 @@ pub async fn run_mode(
     .await?;
     Ok(BenchRun::from_summary(mode, &summary))
 }
+
+/// The peer's chain workload (G chains per prompt on mistral.rs, same GGUF, prompts,
+/// sampling, stop strings and tools) as a row of the table. Its token figures are our
+/// tokenizer's counts of the texts — what the rollouts needed, not what mistral.rs
+/// computed (its prefix cache decides that and does not report it): see
+/// `token_source`.
+#[cfg(feature = "mistralrs")]
+pub async fn run_mistralrs_chain(
+    model_path: &std::path::Path,
+    model: &Arc<LoadedModel>,
+    env: Arc<dyn Environment>,
+    samples: &[QaSample],
+    chains: usize,
+    settings: &BenchSettings,
+) -> Result<BenchRun, crate::peer::PeerError> {
+    use crate::peer::{run_mistralrs_chains, ChainWorkload};
+    let workload = ChainWorkload::new(
+        chains,
+        settings.sampling,
+        settings.max_step_tokens,
+        settings.seed,
+    );
+    let s =
+        run_mistralrs_chains(model_path, model.clone(), env, samples.to_vec(), workload).await?;
+    let needed = s.prompt_tokens + s.observation_tokens + s.generated_tokens;
+    let mut mode = BenchMode::chain(chains);
+    mode.mode = "mistralrs-chain".into();
+    mode.label = format!("mistralrs-chain-{chains}");
+    Ok(BenchRun {
+        mode: mode.mode,
+        label: mode.label,
+        config: mode.config,
+        rollouts: s.rollouts,
+        tokens: TokenSummary {
+            prompt_prefilled: s.prompt_tokens,
+            observation_prefilled: s.observation_tokens,
+            decoded: s.generated_tokens,
+            reused: 0,
+            reused_prefix_cache: 0,
+            recomputed: 0,
+            computed: needed,
+        },
+        tokens_computed_per_rollout: needed as f64 / s.rollouts.max(1) as f64,
+        rollouts_per_10k_tokens: per_10k(s.rollouts, needed),
+        ratio_to_chain: None,
+        wall_seconds: s.wall_seconds,
+        rollouts_per_second: s.rollouts_per_second,
+        speed_ratio_to_chain: None,
+        peak_kv_bytes: 0,
+        mean_reward: s.mean_reward,
+        tool_calls: s.tool_calls,
+        token_source: format!(
+            "our tokenizer's count of every rollout's prompt, observations and steps \
+             (tokens needed, not computed: mistral.rs reports {} prompt tokens sent and \
+             {} generated over {} requests, and its prefix cache decides what is computed)",
+            s.peer_prompt_tokens, s.peer_completion_tokens, s.requests
+        ),
+    })
+}

@@ -54,7 +54,10 @@ impl BenchReport {
             return;
         };
         for r in &mut self.runs {
-            r.ratio_to_chain = ratio(r.rollouts_per_10k_tokens, chain.rollouts_per_10k_tokens);
+            // A peer's token figures are tokens needed, not computed: no token ratio.
+            if !r.mode.starts_with("mistralrs") {
+                r.ratio_to_chain = ratio(r.rollouts_per_10k_tokens, chain.rollouts_per_10k_tokens);
+            }
             r.speed_ratio_to_chain = ratio(r.rollouts_per_second, chain.rollouts_per_second);
         }
     }

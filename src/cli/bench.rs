@@ -39,7 +39,8 @@ pub struct BenchArgs {
     pub turns: usize,
     /// Run only these modes, comma-separated: names (`chain-4`, `tree-2-2-1`,
     /// `tree-2-2-1-reference`, `tree-1-2-1`, `tree-2-6-1`, `tree-4-5-1`,
-    /// `tree-recompute-2-2-1`) or kinds (`chain`, `tree`, `tree-recompute`).
+    /// `tree-recompute-2-2-1`, and `mistralrs-chain-4` with the `mistralrs` feature) or
+    /// kinds (`chain`, `tree`, `tree-recompute`, `mistralrs-chain`).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Batch sizes at which to measure decode tokens/s (empty: skip).
@@ -85,7 +86,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         .into_iter()
         .filter(|m| a.only.is_empty() || a.only.iter().any(|o| *o == m.mode || *o == m.label))
         .collect();
-    anyhow::ensure!(!modes.is_empty(), "--only matched no mode");
+    let peer_wanted = cfg!(feature = "mistralrs")
+        && (a.only.is_empty() || a.only.iter().any(|o| o.starts_with("mistralrs")));
+    anyhow::ensure!(!modes.is_empty() || peer_wanted, "--only matched no mode");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
