@@ -125,6 +125,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             &mut progress,
         ))?;
         eprintln!();
+        // Each finished mode's figures at once (stderr), so a long run that is
+        // stopped early still shows what it measured.
+        eprintln!("{}", serde_json::to_string(&run)?);
         report.runs.push(run);
     }
     for &batch in &a.decode_batches {
