@@ -1,0 +1,229 @@
+//! The peer engine: the same workloads run on [mistral.rs](https://github.com/EricLBuehler/mistral.rs)
+//! (crate `mistralrs` 0.8.1, behind the cargo feature `mistralrs`), so our engine's
+//! figures can be set beside a well-known CPU inference engine on the same GGUF file,
+//! prompts, sampling settings, stop strings and tools.
+//!
+//! - [`mistralrs_chain`]: the GRPO chain workload (G independent agent chains per
+//!   prompt) through mistral.rs with its prefix cache on.
+//! - [`mistralrs_speed`]: mistral.rs's aggregate decode speed at a given batch.
+//!
+//! This module is the one place that talks to mistral.rs: requests go through its
+//! Rust API as raw token completions ([`mistralrs::RequestMessage::CompletionTokens`]),
+//! so the prompt is the exact token sequence our tokenizer and chat template produce
+//! and mistral.rs applies no template of its own. mistral.rs answers with text (no
+//! token ids), so token counts here come from *our* tokenizer.
+//!
+//! Nothing here panics on bad input: every failure (a missing file, a model mistral.rs
+//! cannot load, a request it rejects) is a [`PeerError`].
+
+pub mod mistralrs_chain;
+pub mod mistralrs_speed;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mistralrs::{
+    Constraint, CustomLogitsProcessor, GgufModelBuilder, NormalRequest, Request, RequestMessage,
+    Response, SamplingParams, StopTokens, TokenSource,
+};
+use tokio::sync::mpsc::{channel, Sender};
+
+use crate::engine::Sampling;
+use crate::env::EnvError;
+use crate::model::{ModelError, TokenId};
+
+pub use mistralrs_chain::{run_mistralrs_chains, ChainWorkload, PeerRunSummary};
+pub use mistralrs_speed::mistralrs_decode_tokens_per_second;
+
+/// What can go wrong running the peer engine.
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    /// An argument is unusable (zero chains, an empty batch, ...).
+    #[error("invalid peer run: {0}")]
+    Invalid(String),
+    /// Our side: the tokenizer or chat template.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// Our side: the environment.
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    /// mistral.rs could not load the model file.
+    #[error("mistral.rs could not load {}: {msg}", .path.display())]
+    Load { path: PathBuf, msg: String },
+    /// mistral.rs rejected or failed a request.
+    #[error("mistral.rs request failed: {0}")]
+    Request(String),
+    /// A task of ours panicked or was cancelled.
+    #[error("peer task failed: {0}")]
+    Task(String),
+}
+
+/// How the peer model is set up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerModelConfig {
+    /// Most sequences mistral.rs runs at once (its scheduler's batch).
+    pub max_num_seqs: usize,
+    /// mistral.rs's sequence-level prefix cache (on CPU it keeps every finished
+    /// sequence's KV cache; it evicts only device caches).
+    pub prefix_cache: bool,
+}
+
+/// Loads a GGUF file into mistral.rs on the CPU, from its local path only (no hub).
+///
+/// mistral.rs takes a model *directory* and file names; its tokenizer comes from the
+/// GGUF metadata. Loading runs on a task of its own so that a panic inside mistral.rs
+/// comes back as [`PeerError::Load`]; it needs a multi-threaded tokio runtime (mistral.rs
+/// uses `block_in_place` for a warm-up request after loading).
+pub(crate) async fn load_peer_model(
+    model_path: &Path,
+    cfg: PeerModelConfig,
+) -> Result<mistralrs::Model, PeerError> {
+    let load_err = |msg: String| PeerError::Load {
+        path: model_path.to_path_buf(),
+        msg,
+    };
+    if !model_path.is_file() {
+        return Err(load_err("not a file (the peer takes a .gguf file)".into()));
+    }
+    let file = model_path
+        .file_name()
+        .and_then(|f| f.to_str())
+        .ok_or_else(|| load_err("the file name is not UTF-8".into()))?
+        .to_string();
+    let dir = match model_path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let dir = dir
+        .to_str()
+        .ok_or_else(|| load_err("the directory name is not UTF-8".into()))?
+        .to_string();
+    let builder = GgufModelBuilder::new(dir, vec![file])
+        .with_force_cpu()
+        .with_token_source(TokenSource::None)
+        .with_max_num_seqs(cfg.max_num_seqs.max(1))
+        .with_prefix_cache_n(if cfg.prefix_cache { Some(16) } else { None });
+    let handle = tokio::spawn(async move { builder.build().await.map_err(|e| format!("{e:#}")) });
+    match handle.await {
+        Ok(Ok(model)) => Ok(model),
+        Ok(Err(msg)) => Err(load_err(msg)),
+        Err(e) => Err(load_err(format!("mistral.rs panicked while loading: {e}"))),
+    }
+}
+
+/// The request channel of the loaded model's engine.
+pub(crate) fn sender(model: &mistralrs::Model) -> Result<Sender<Request>, PeerError> {
+    model
+        .inner()
+        .get_sender(None)
+        .map_err(|e| PeerError::Request(format!("no engine: {e}")))
+}
+
+/// Our sampling settings as mistral.rs's. Greedy is temperature 0 (mistral.rs treats a
+/// missing temperature as 1.0). No penalties, no min-p.
+pub(crate) fn sampling_params(
+    sampling: &Sampling,
+    max_len: usize,
+    stop_strings: &[String],
+) -> SamplingParams {
+    let mut p = SamplingParams::neutral();
+    match *sampling {
+        Sampling::Greedy => p.temperature = Some(0.0),
+        Sampling::Random {
+            temperature,
+            top_k,
+            top_p,
+        } => {
+            p.temperature = Some(f64::from(temperature));
+            p.top_k = top_k;
+            p.top_p = top_p.map(f64::from);
+        }
+    }
+    p.max_len = Some(max_len);
+    if !stop_strings.is_empty() {
+        p.stop_toks = Some(StopTokens::Seqs(stop_strings.to_vec()));
+    }
+    p
+}
+
+/// One finished completion and what mistral.rs said about it.
+pub(crate) struct Completion {
+    /// The choice's text: leading whitespace trimmed by mistral.rs, and cut *before* a
+    /// stop string that ended it.
+    pub text: String,
+    /// `stop` (EOS, stop token or stop string), `length`, ...
+    pub finish_reason: String,
+    /// Each generated token decoded on its own (present when logprobs were asked for).
+    pub token_texts: Vec<String>,
+    /// mistral.rs's own count of prompt tokens it was sent.
+    pub prompt_tokens: usize,
+    /// mistral.rs's own count of generated tokens (it decodes one token past a stop
+    /// string before it notices it).
+    pub completion_tokens: usize,
+}
+
+/// Sends one raw-token completion request and waits for its answer.
+pub(crate) async fn complete(
+    tx: &Sender<Request>,
+    prompt: &[TokenId],
+    params: SamplingParams,
+    return_logprobs: bool,
+    logits_processors: Option<Vec<Arc<dyn CustomLogitsProcessor>>>,
+) -> Result<Completion, PeerError> {
+    if prompt.is_empty() {
+        return Err(PeerError::Invalid("empty prompt".into()));
+    }
+    let (resp_tx, mut resp_rx) = channel(1);
+    let request = Request::Normal(Box::new(NormalRequest {
+        messages: RequestMessage::CompletionTokens(prompt.to_vec()),
+        sampling_params: params,
+        response: resp_tx,
+        return_logprobs,
+        is_streaming: false,
+        id: 0,
+        constraint: Constraint::None,
+        suffix: None,
+        tools: None,
+        tool_choice: None,
+        logits_processors,
+        return_raw_logits: false,
+        web_search_options: None,
+        model_id: None,
+        truncate_sequence: false,
+    }));
+    tx.send(request)
+        .await
+        .map_err(|_| PeerError::Request("the engine stopped (request channel closed)".into()))?;
+    let response = resp_rx
+        .recv()
+        .await
+        .ok_or_else(|| PeerError::Request("the engine dropped the request".into()))?;
+    let done = match response {
+        Response::CompletionDone(r) => r,
+        Response::CompletionModelError(msg, _) => return Err(PeerError::Request(msg)),
+        Response::ValidationError(e) => return Err(PeerError::Request(format!("validation: {e}"))),
+        Response::InternalError(e) => return Err(PeerError::Request(format!("internal: {e}"))),
+        _ => {
+            return Err(PeerError::Request(
+                "unexpected response kind to a completion request".into(),
+            ))
+        }
+    };
+    let choice = done
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| PeerError::Request("a completion without choices".into()))?;
+    let token_texts = choice
+        .logprobs
+        .and_then(|l| l.content)
+        .map(|c| c.into_iter().map(|t| t.token).collect())
+        .unwrap_or_default();
+    Ok(Completion {
+        text: choice.text,
+        finish_reason: choice.finish_reason,
+        token_texts,
+        prompt_tokens: done.usage.prompt_tokens,
+        completion_tokens: done.usage.completion_tokens,
+    })
+}
