@@ -152,3 +152,53 @@ fn an_interrupted_rollout_keeps_every_finished_tree() {
         .sum();
     assert_eq!(leaves, records.len());
 }
+
+/// `treegrpo bench --json` on one prompt: the documented shape, and figures that agree
+/// with each other (rollouts per 10k tokens from rollouts and computed tokens).
+#[test]
+fn bench_prints_the_documented_json() {
+    let model = common::default_model();
+    let out = treegrpo()
+        .args([
+            "bench",
+            "--prompts",
+            "1",
+            "--only",
+            "chain-4,tree-1-2-1",
+            "--max-step-tokens",
+            "8",
+            "--decode-batches",
+            "2",
+            "--decode-tokens",
+            "4",
+            "--json",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(report["machine"]["threads"].as_u64().unwrap() >= 1);
+    let runs = report["runs"].as_array().unwrap();
+    let labels: Vec<&str> = runs.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["chain-4", "tree-1-2-1"]);
+    for r in runs {
+        let rollouts = r["rollouts"].as_f64().unwrap();
+        let computed = r["tokens"]["computed"].as_f64().unwrap();
+        assert!(rollouts > 0.0 && computed > 0.0);
+        let per_10k = r["rollouts_per_10k_tokens"].as_f64().unwrap();
+        assert!((per_10k - rollouts * 1e4 / computed).abs() < 1e-9);
+        for key in ["trees", "expand", "rounds", "keep", "select", "chains"] {
+            assert!(r["config"].get(key).is_some(), "config.{key}");
+        }
+        assert!(r["wall_seconds"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(runs[0]["ratio_to_chain"].as_f64(), Some(1.0));
+    assert_eq!(runs[0]["config"]["chains"], 4);
+    let decode = report["decode"].as_array().unwrap();
+    assert_eq!(decode.len(), 1);
+    assert_eq!(decode[0]["batch"], 2);
+    assert!(decode[0]["tokens_per_second"].as_f64().unwrap() > 0.0);
+}
