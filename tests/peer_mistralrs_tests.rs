@@ -8,6 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use treegrpo::bench::decode_prompt;
 use treegrpo::engine::Sampling;
 use treegrpo::env::{load_samples, EnvConfig, Environment, SearchQaEnv, DEFAULT_TOP_K};
 use treegrpo::model::LoadedModel;
@@ -68,8 +69,9 @@ fn mistralrs_runs_the_chain_workload() {
 fn mistralrs_decode_speed_is_positive() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let path = common::default_model();
+    let prompt = decode_prompt(&LoadedModel::load(&path).unwrap()).unwrap();
     let tps = runtime()
-        .block_on(mistralrs_decode_tokens_per_second(&path, 2, 32))
+        .block_on(mistralrs_decode_tokens_per_second(&path, &prompt, 2, 32))
         .unwrap();
     eprintln!("mistral.rs decode at batch 2: {tps:.1} tok/s");
     assert!(tps.is_finite() && tps > 0.0, "{tps}");
@@ -78,8 +80,11 @@ fn mistralrs_decode_speed_is_positive() {
 #[test]
 fn peer_errors_instead_of_panicking() {
     let missing = Path::new("/nonexistent/model.gguf");
-    let r = runtime().block_on(mistralrs_decode_tokens_per_second(missing, 2, 8));
+    let r = runtime().block_on(mistralrs_decode_tokens_per_second(missing, &[1, 2], 2, 8));
     assert!(r.is_err());
-    let r = runtime().block_on(mistralrs_decode_tokens_per_second(missing, 0, 8));
+    let path = common::default_model();
+    let r = runtime().block_on(mistralrs_decode_tokens_per_second(&path, &[1, 2], 0, 8));
+    assert!(r.is_err());
+    let r = runtime().block_on(mistralrs_decode_tokens_per_second(&path, &[], 2, 8));
     assert!(r.is_err());
 }

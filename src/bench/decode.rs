@@ -1,4 +1,5 @@
-//! Aggregate decode speed of our engine: `batch` sequences generating together.
+//! Aggregate decode speed of our engine (and, with the `mistralrs` feature, of the
+//! peer on the same prompt ids): `batch` sequences generating together.
 //!
 //! Each sequence gets the same short chat prompt (its prefill is done and awaited
 //! before the clock starts), then all generate exactly `new_tokens` tokens greedily
@@ -13,7 +14,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::engine::{Engine, EngineConfig, EngineError, GenParams};
-use crate::model::{ChatMessage, LoadedModel};
+use crate::model::{ChatMessage, LoadedModel, ModelError, TokenId};
 
 /// A measured decode speed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -27,6 +28,12 @@ pub struct DecodeSpeed {
 /// The prompt every decode measurement uses (ours and the peer's).
 pub const DECODE_PROMPT: &str = "Write a long story about a lighthouse keeper and a storm.";
 
+/// [`DECODE_PROMPT`] as a user turn in the model's chat template: the token ids both
+/// engines decode from.
+pub fn decode_prompt(model: &LoadedModel) -> Result<Vec<TokenId>, ModelError> {
+    model.chat_prompt(&[ChatMessage::new("user", DECODE_PROMPT)])
+}
+
 /// Decode tokens/s of our engine at `batch` sequences, each generating `new_tokens`.
 pub async fn engine_decode_tokens_per_second(
     model: &Arc<LoadedModel>,
@@ -34,7 +41,7 @@ pub async fn engine_decode_tokens_per_second(
     new_tokens: usize,
 ) -> Result<DecodeSpeed, EngineError> {
     let engine = Engine::start(model.clone(), EngineConfig::default())?;
-    let prompt = model.chat_prompt(&[ChatMessage::new("user", DECODE_PROMPT)])?;
+    let prompt = decode_prompt(model)?;
     let mut seqs = Vec::with_capacity(batch);
     for _ in 0..batch.max(1) {
         let seq = engine.add_sequence(prompt.clone()).await?;
@@ -59,5 +66,27 @@ pub async fn engine_decode_tokens_per_second(
         batch: seqs.len(),
         new_tokens,
         tokens_per_second: tokens as f64 / seconds.max(1e-9),
+    })
+}
+
+/// Decode tokens/s of mistral.rs at `batch` sequences on the same file and the same
+/// prompt ids as [`engine_decode_tokens_per_second`] (its own timing method, which
+/// also excludes the first token: see `peer::mistralrs_speed`).
+#[cfg(feature = "mistralrs")]
+pub async fn peer_decode_tokens_per_second(
+    model_path: &std::path::Path,
+    model: &LoadedModel,
+    batch: usize,
+    new_tokens: usize,
+) -> Result<DecodeSpeed, crate::peer::PeerError> {
+    let prompt = decode_prompt(model)?;
+    let tokens_per_second =
+        crate::peer::mistralrs_decode_tokens_per_second(model_path, &prompt, batch, new_tokens)
+            .await?;
+    Ok(DecodeSpeed {
+        engine: "mistral.rs",
+        batch,
+        new_tokens,
+        tokens_per_second,
     })
 }

@@ -5,7 +5,8 @@
 //!
 //! - [`modes`]: the modes (chain G=4, trees at the paper's budgets, the reference
 //!   selection, and prefix recomputation) and running one.
-//! - [`decode`]: aggregate decode tokens/s of our engine at a given batch size.
+//! - [`decode`]: aggregate decode tokens/s of our engine (and the peer's) at a given
+//!   batch size.
 //! - [`report`]: the markdown table and the JSON document.
 //!
 //! This layer sits above `rollout` (and the `peer` module when the `mistralrs` feature
@@ -15,7 +16,9 @@ pub mod decode;
 pub mod modes;
 pub mod report;
 
-pub use decode::{engine_decode_tokens_per_second, DecodeSpeed};
+#[cfg(feature = "mistralrs")]
+pub use decode::peer_decode_tokens_per_second;
+pub use decode::{decode_prompt, engine_decode_tokens_per_second, DecodeSpeed};
 #[cfg(feature = "mistralrs")]
 pub use modes::run_mistralrs_chain;
 pub use modes::{default_modes, run_mode, BenchMode, BenchRun, BenchSettings};

@@ -142,7 +142,8 @@ pub struct BenchRun {
     pub rollouts_per_second: f64,
     /// `rollouts_per_second` over the chain baseline's (filled in by the report).
     pub speed_ratio_to_chain: Option<f64>,
-    pub peak_kv_bytes: u64,
+    /// `None` for the peer, which reports no KV figure.
+    pub peak_kv_bytes: Option<u64>,
     pub mean_reward: f64,
     pub tool_calls: u64,
     /// How token counts were obtained (ours: the engine's counters; a peer may differ).
@@ -165,7 +166,7 @@ impl BenchRun {
             wall_seconds: s.wall_seconds,
             rollouts_per_second: s.rollouts as f64 / s.wall_seconds.max(1e-9),
             speed_ratio_to_chain: None,
-            peak_kv_bytes: s.peak_kv_bytes,
+            peak_kv_bytes: Some(s.peak_kv_bytes),
             mean_reward: s.mean_reward,
             tool_calls: s.tool_calls,
             token_source: "engine counters".into(),
@@ -269,7 +270,7 @@ pub async fn run_mistralrs_chain(
         wall_seconds: s.wall_seconds,
         rollouts_per_second: s.rollouts_per_second,
         speed_ratio_to_chain: None,
-        peak_kv_bytes: 0,
+        peak_kv_bytes: None,
         mean_reward: s.mean_reward,
         tool_calls: s.tool_calls,
         token_source: format!(

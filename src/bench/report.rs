@@ -91,7 +91,7 @@ pub fn markdown(report: &BenchReport) -> String {
     for r in &report.runs {
         let t = &r.tokens;
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {} | {:.1} | {:.3} | {} | {:.1} | {:.3} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.1} | {:.2} | {} | {:.1} | {:.3} | {} | {} | {:.3} |\n",
             r.label,
             r.rollouts,
             t.prompt_prefilled + t.observation_prefilled,
@@ -104,9 +104,19 @@ pub fn markdown(report: &BenchReport) -> String {
             r.wall_seconds,
             r.rollouts_per_second,
             fmt_ratio(r.speed_ratio_to_chain),
-            r.peak_kv_bytes as f64 / (1u64 << 20) as f64,
+            r.peak_kv_bytes.map_or("–".into(), |b| format!(
+                "{:.1}",
+                b as f64 / (1u64 << 20) as f64
+            )),
             r.mean_reward,
         ));
+    }
+    if report.runs.iter().any(|r| r.mode.starts_with("mistralrs")) {
+        s.push_str(
+            "\nmistralrs-chain: its token columns are our tokenizer's count of what the \
+             rollouts needed, not what mistral.rs computed (it reports neither token ids nor \
+             prefix-cache hits), so it has no token ratio and no KV figure.\n",
+        );
     }
     if !report.decode.is_empty() {
         s.push_str("\n| engine | batch | new tokens each | decode tokens/s |\n|---|---|---|---|\n");

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use clap::Args;
 use treegrpo::bench::{
-    default_modes, engine_decode_tokens_per_second, machine_info, markdown, run_mode, BenchReport,
-    BenchSettings,
+    default_modes, engine_decode_tokens_per_second, machine_info, markdown, run_mode, BenchMode,
+    BenchReport, BenchSettings,
 };
 use treegrpo::engine::Sampling;
 use treegrpo::env::{EnvConfig, Task};
@@ -87,8 +87,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         .filter(|m| a.only.is_empty() || a.only.iter().any(|o| *o == m.mode || *o == m.label))
         .collect();
     let peer_wanted = cfg!(feature = "mistralrs")
-        && (a.only.is_empty() || a.only.iter().any(|o| o.starts_with("mistralrs")));
+        && (a.only.is_empty()
+            || a.only
+                .iter()
+                .any(|o| o == "mistralrs-chain" || o == "mistralrs-chain-4"));
     anyhow::ensure!(!modes.is_empty() || peer_wanted, "--only matched no mode");
+    let rows = rows_in_order(modes, peer_wanted);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -101,29 +105,48 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         runs: Vec::new(),
         decode: Vec::new(),
     };
-    for (i, mode) in modes.iter().enumerate() {
-        let label = mode.label.clone();
-        let n = modes.len();
-        let mut progress = |p: treegrpo::rollout::Progress| {
-            eprint!(
-                "\r[{}/{n}] {label}: {}/{} prompts, {} rollouts, {} tokens, {:.0} tok/s   ",
-                i + 1,
-                p.prompts_done,
-                p.prompts,
-                p.rollouts,
-                p.computed_tokens,
-                p.computed_tokens as f64 / p.seconds.max(1e-9)
-            );
-            let _ = std::io::stderr().flush();
+    let n = rows.len();
+    for (i, row) in rows.iter().enumerate() {
+        let run = match row {
+            Row::Ours(mode) => {
+                let label = mode.label.clone();
+                let mut progress = |p: treegrpo::rollout::Progress| {
+                    eprint!(
+                        "\r[{}/{n}] {label}: {}/{} prompts, {} rollouts, {} tokens, {:.0} tok/s   ",
+                        i + 1,
+                        p.prompts_done,
+                        p.prompts,
+                        p.rollouts,
+                        p.computed_tokens,
+                        p.computed_tokens as f64 / p.seconds.max(1e-9)
+                    );
+                    let _ = std::io::stderr().flush();
+                };
+                rt.block_on(run_mode(
+                    &model,
+                    env.clone(),
+                    &samples,
+                    mode,
+                    &report.settings,
+                    &mut progress,
+                ))?
+            }
+            #[cfg(feature = "mistralrs")]
+            Row::PeerChain(chains) => {
+                eprint!(
+                    "[{}/{n}] mistralrs-chain-{chains}: running (mistral.rs reports no progress) …",
+                    i + 1
+                );
+                rt.block_on(treegrpo::bench::run_mistralrs_chain(
+                    &model_path,
+                    &model,
+                    env.clone(),
+                    &samples,
+                    *chains,
+                    &report.settings,
+                ))?
+            }
         };
-        let run = rt.block_on(run_mode(
-            &model,
-            env.clone(),
-            &samples,
-            mode,
-            &report.settings,
-            &mut progress,
-        ))?;
         eprintln!();
         // Each finished mode's figures at once (stderr), so a long run that is
         // stopped early still shows what it measured.
@@ -137,7 +160,20 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             batch,
             a.decode_tokens,
         ))?;
+        eprintln!("{}", serde_json::to_string(&speed)?);
         report.decode.push(speed);
+        #[cfg(feature = "mistralrs")]
+        if peer_wanted {
+            eprintln!("mistral.rs decode speed at batch {batch} …");
+            let speed = rt.block_on(treegrpo::bench::peer_decode_tokens_per_second(
+                &model_path,
+                &model,
+                batch,
+                a.decode_tokens,
+            ))?;
+            eprintln!("{}", serde_json::to_string(&speed)?);
+            report.decode.push(speed);
+        }
     }
     report.fill_ratios();
     if a.json {
@@ -146,4 +182,41 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         print!("{}", markdown(&report));
     }
     Ok(())
+}
+
+/// One row of the run: one of our modes, or the peer's chain workload.
+enum Row {
+    Ours(BenchMode),
+    #[cfg(feature = "mistralrs")]
+    PeerChain(usize),
+}
+
+/// Our modes in their order, with the peer's chain workload (when wanted) right after
+/// our first chain mode, so the two engines' chain rows are measured back to back.
+fn rows_in_order(modes: Vec<BenchMode>, peer_wanted: bool) -> Vec<Row> {
+    let mut rows = Vec::with_capacity(modes.len() + 1);
+    let mut peer_pending = peer_wanted;
+    for mode in modes {
+        let is_chain = mode.mode == "chain";
+        rows.push(Row::Ours(mode));
+        if is_chain && peer_pending {
+            rows.extend(peer_row());
+            peer_pending = false;
+        }
+    }
+    if peer_pending {
+        rows.extend(peer_row());
+    }
+    rows
+}
+
+/// The peer's chain row (G = 4, as our chain mode) when the feature is on.
+#[cfg(feature = "mistralrs")]
+fn peer_row() -> Option<Row> {
+    Some(Row::PeerChain(4))
+}
+
+#[cfg(not(feature = "mistralrs"))]
+fn peer_row() -> Option<Row> {
+    None
 }

@@ -40,6 +40,17 @@
 //!   are batched in the same order, which concurrent chains with tool calls do not
 //!   guarantee. [`ChainWorkload::seed`] is therefore not passed to mistral.rs; greedy
 //!   sampling is deterministic.
+//! - **Scheduling**: on CPU mistral.rs has no paged attention, and its default
+//!   scheduler batches only sequences of *equal length*; the others wait. When the
+//!   running ones finish, it restarts every waiting sequence as a prompt, which (read
+//!   from its 0.8.1 source) resets and recomputes its KV cache. Agent chains are never
+//!   the same length for long, so with many sequences allowed (`max_num_seqs` 64) the
+//!   workload of the smoke test (2 prompts × 2 chains, 32-token steps) took 496 s,
+//!   against 61 s with one sequence at a time. Batching buys mistral.rs almost nothing
+//!   on this CPU anyway (candle 0.10's Q4_1 matmul, which it uses, is a scalar dot
+//!   product per row and column: 29.7 tok/s decode at batch 1, 32.5 at batch 2), so
+//!   [`ChainWorkload::new`] sets `max_num_seqs` to 1: requests are still all sent at
+//!   once and queue inside mistral.rs.
 //! - On CPU mistral.rs's prefix cache never evicts (it counts only device caches), so
 //!   memory grows with every finished request of the run.
 
@@ -50,7 +61,9 @@ use serde::Serialize;
 use tokio::sync::mpsc::Sender;
 use tokio::task::JoinSet;
 
-use super::{complete, load_peer_model, sampling_params, sender, PeerError, PeerModelConfig};
+use super::{
+    complete, load_peer_model, sampling_params, sender, PeerDType, PeerError, PeerModelConfig,
+};
 use crate::engine::stop::find_stop;
 use crate::engine::Sampling;
 use crate::env::{Action, Environment, QaSample};
@@ -66,24 +79,28 @@ pub struct ChainWorkload {
     pub max_step_tokens: usize,
     /// Recorded only: mistral.rs takes no per-request seed (see the module docs).
     pub seed: u64,
-    /// Most sequences mistral.rs's scheduler runs at once.
+    /// Most sequences mistral.rs's scheduler runs at once (see the module docs for why
+    /// 1 is its best setting for chains on CPU).
     pub max_num_seqs: usize,
     /// Prefill the shared system prompt, then each prompt, before the chains start,
     /// so the chains find them in the prefix cache (see the module docs).
     pub warm_prefixes: bool,
+    /// What mistral.rs computes in (f32 by default, as our engine does).
+    pub dtype: PeerDType,
 }
 
 impl ChainWorkload {
-    /// G chains with up to 64 sequences at once (our engine's default batch) and
-    /// warmed prefixes.
+    /// G chains, one sequence at a time inside mistral.rs (its fastest setting for
+    /// this workload on CPU, see the module docs), warmed prefixes, f32 activations.
     pub fn new(chains: usize, sampling: Sampling, max_step_tokens: usize, seed: u64) -> Self {
         ChainWorkload {
             chains,
             sampling,
             max_step_tokens,
             seed,
-            max_num_seqs: 64,
+            max_num_seqs: 1,
             warm_prefixes: true,
+            dtype: PeerDType::F32,
         }
     }
 }
@@ -153,16 +170,18 @@ pub async fn run_mistralrs_chains(
     }
 
     let t_load = Instant::now();
-    let model = load_peer_model(
+    let engine = load_peer_model(
         model_path,
         PeerModelConfig {
             max_num_seqs: workload.max_num_seqs,
             prefix_cache: true,
+            dtype: workload.dtype,
+            disable_eos_stop: false,
         },
     )
     .await?;
     let load_seconds = t_load.elapsed().as_secs_f64();
-    let tx = sender(&model)?;
+    let tx = sender(&engine)?;
 
     let t0 = Instant::now();
     let mut counters = Counters::default();
@@ -223,7 +242,7 @@ pub async fn run_mistralrs_chains(
         return Err(e);
     }
     let wall_seconds = t0.elapsed().as_secs_f64();
-    drop(model);
+    drop(engine);
 
     let rollouts = rewards.len();
     counters.requests += totals.counters.requests;
@@ -400,7 +419,7 @@ fn common_prefix_len(a: &[TokenId], b: &[TokenId]) -> usize {
 /// leading whitespace it trimmed and the stop string it cut are restored from the
 /// generated tokens' texts, then the text ends at the first stop string (as ours does;
 /// mistral.rs may have run past it when the token limit came first).
-pub(crate) fn step_text(
+pub fn step_text(
     text: &str,
     finish_reason: &str,
     token_texts: &[String],

@@ -19,12 +19,17 @@
 pub mod mistralrs_chain;
 pub mod mistralrs_speed;
 
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use mistralrs::core::{
+    AutoDeviceMapParams, GGUFLoaderBuilder, GGUFSpecificConfig, MistralRsBuilder,
+};
 use mistralrs::{
-    Constraint, CustomLogitsProcessor, GgufModelBuilder, NormalRequest, Request, RequestMessage,
-    Response, SamplingParams, StopTokens, TokenSource,
+    Constraint, CustomLogitsProcessor, DefaultSchedulerMethod, Device, DeviceMapSetting, MistralRs,
+    ModelDType, NormalRequest, Request, RequestMessage, Response, SamplingParams, SchedulerConfig,
+    StopTokens, TokenSource,
 };
 use tokio::sync::mpsc::{channel, Sender};
 
@@ -33,7 +38,9 @@ use crate::env::EnvError;
 use crate::model::{ModelError, TokenId};
 
 pub use mistralrs_chain::{run_mistralrs_chains, ChainWorkload, PeerRunSummary};
-pub use mistralrs_speed::mistralrs_decode_tokens_per_second;
+pub use mistralrs_speed::{
+    mistralrs_decode_tokens_per_second, mistralrs_decode_tokens_per_second_with,
+};
 
 /// What can go wrong running the peer engine.
 #[derive(Debug, thiserror::Error)]
@@ -58,26 +65,52 @@ pub enum PeerError {
     Task(String),
 }
 
-/// How the peer model is set up.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PeerModelConfig {
-    /// Most sequences mistral.rs runs at once (its scheduler's batch).
-    pub max_num_seqs: usize,
-    /// mistral.rs's sequence-level prefix cache (on CPU it keeps every finished
-    /// sequence's KV cache; it evicts only device caches).
-    pub prefix_cache: bool,
+/// Activation (and KV cache) dtype mistral.rs computes in. GGUF weights stay quantised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum PeerDType {
+    /// mistral.rs's own choice: on CPU the first of BF16, F16 that matmuls (BF16).
+    Auto,
+    /// f32, as our engine computes.
+    F32,
+    Bf16,
 }
 
-/// Loads a GGUF file into mistral.rs on the CPU, from its local path only (no hub).
+/// How the peer engine is set up.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct PeerModelConfig {
+    /// Most sequences mistral.rs's scheduler runs at once.
+    pub max_num_seqs: usize,
+    /// mistral.rs's sequence-level prefix cache (on CPU it keeps every finished
+    /// sequence's KV cache: it evicts only caches on an accelerator).
+    pub prefix_cache: bool,
+    pub dtype: PeerDType,
+    /// Generation ignores EOS tokens (engine-wide in mistral.rs; for speed runs).
+    pub disable_eos_stop: bool,
+}
+
+impl Default for PeerModelConfig {
+    fn default() -> Self {
+        PeerModelConfig {
+            max_num_seqs: 64,
+            prefix_cache: true,
+            dtype: PeerDType::F32,
+            disable_eos_stop: false,
+        }
+    }
+}
+
+/// Loads a GGUF file into a mistral.rs engine on the CPU, from its local path only
+/// (no hub access); its tokenizer comes from the GGUF metadata.
 ///
-/// mistral.rs takes a model *directory* and file names; its tokenizer comes from the
-/// GGUF metadata. Loading runs on a task of its own so that a panic inside mistral.rs
-/// comes back as [`PeerError::Load`]; it needs a multi-threaded tokio runtime (mistral.rs
-/// uses `block_in_place` for a warm-up request after loading).
-pub(crate) async fn load_peer_model(
+/// This goes through mistral.rs's loader and engine builder rather than its
+/// `GgufModelBuilder`, which fixes the dtype to `Auto` (BF16 activations on CPU) and
+/// offers no engine-wide EOS switch. Loading runs on a task of its own, so a panic
+/// inside mistral.rs comes back as [`PeerError::Load`]. Needs a multi-threaded tokio
+/// runtime (mistral.rs sends a warm-up request with `block_in_place` after loading).
+pub async fn load_peer_model(
     model_path: &Path,
     cfg: PeerModelConfig,
-) -> Result<mistralrs::Model, PeerError> {
+) -> Result<Arc<MistralRs>, PeerError> {
     let load_err = |msg: String| PeerError::Load {
         path: model_path.to_path_buf(),
         msg,
@@ -98,30 +131,68 @@ pub(crate) async fn load_peer_model(
         .to_str()
         .ok_or_else(|| load_err("the directory name is not UTF-8".into()))?
         .to_string();
-    let builder = GgufModelBuilder::new(dir, vec![file])
-        .with_force_cpu()
-        .with_token_source(TokenSource::None)
-        .with_max_num_seqs(cfg.max_num_seqs.max(1))
-        .with_prefix_cache_n(if cfg.prefix_cache { Some(16) } else { None });
-    let handle = tokio::spawn(async move { builder.build().await.map_err(|e| format!("{e:#}")) });
+    let max_num_seqs = NonZeroUsize::new(cfg.max_num_seqs)
+        .ok_or_else(|| PeerError::Invalid("max_num_seqs must be at least 1".into()))?;
+    let handle = tokio::spawn(async move {
+        let loader = GGUFLoaderBuilder::new(
+            None,
+            None,
+            dir,
+            vec![file],
+            GGUFSpecificConfig { topology: None },
+            false,
+            None,
+        )
+        .build();
+        let dtype = match cfg.dtype {
+            PeerDType::Auto => ModelDType::Auto,
+            PeerDType::F32 => ModelDType::F32,
+            PeerDType::Bf16 => ModelDType::BF16,
+        };
+        let pipeline = loader
+            .load_model_from_hf(
+                None,
+                TokenSource::None,
+                &dtype,
+                &Device::Cpu,
+                true,
+                DeviceMapSetting::Auto(AutoDeviceMapParams::default_text()),
+                None,
+                None,
+            )
+            .map_err(|e| format!("{e:#}"))?;
+        let mut builder = MistralRsBuilder::new(
+            pipeline,
+            SchedulerConfig::DefaultScheduler {
+                method: DefaultSchedulerMethod::Fixed(max_num_seqs),
+            },
+            false,
+            None,
+        )
+        .with_no_prefix_cache(!cfg.prefix_cache)
+        .with_disable_eos_stop(cfg.disable_eos_stop);
+        if cfg.prefix_cache {
+            builder = builder.with_prefix_cache_n(16);
+        }
+        Ok::<_, String>(builder.build().await)
+    });
     match handle.await {
-        Ok(Ok(model)) => Ok(model),
+        Ok(Ok(engine)) => Ok(engine),
         Ok(Err(msg)) => Err(load_err(msg)),
         Err(e) => Err(load_err(format!("mistral.rs panicked while loading: {e}"))),
     }
 }
 
-/// The request channel of the loaded model's engine.
-pub(crate) fn sender(model: &mistralrs::Model) -> Result<Sender<Request>, PeerError> {
-    model
-        .inner()
+/// The request channel of a loaded engine.
+pub fn sender(engine: &MistralRs) -> Result<Sender<Request>, PeerError> {
+    engine
         .get_sender(None)
         .map_err(|e| PeerError::Request(format!("no engine: {e}")))
 }
 
 /// Our sampling settings as mistral.rs's. Greedy is temperature 0 (mistral.rs treats a
 /// missing temperature as 1.0). No penalties, no min-p.
-pub(crate) fn sampling_params(
+pub fn sampling_params(
     sampling: &Sampling,
     max_len: usize,
     stop_strings: &[String],
@@ -147,7 +218,7 @@ pub(crate) fn sampling_params(
 }
 
 /// One finished completion and what mistral.rs said about it.
-pub(crate) struct Completion {
+pub struct Completion {
     /// The choice's text: leading whitespace trimmed by mistral.rs, and cut *before* a
     /// stop string that ended it.
     pub text: String,
@@ -163,7 +234,7 @@ pub(crate) struct Completion {
 }
 
 /// Sends one raw-token completion request and waits for its answer.
-pub(crate) async fn complete(
+pub async fn complete(
     tx: &Sender<Request>,
     prompt: &[TokenId],
     params: SamplingParams,
