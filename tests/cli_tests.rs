@@ -202,3 +202,32 @@ fn bench_prints_the_documented_json() {
     assert_eq!(decode[0]["batch"], 2);
     assert!(decode[0]["tokens_per_second"].as_f64().unwrap() > 0.0);
 }
+
+/// `--decode-batches` with no value skips the decode measurement (the rows still run).
+#[test]
+fn bench_decode_batches_without_value_skips_decode() {
+    let model = common::default_model();
+    let out = treegrpo()
+        .args([
+            "bench",
+            "--prompts",
+            "1",
+            "--only",
+            "chain-4",
+            "--max-step-tokens",
+            "4",
+            "--turns",
+            "1",
+            "--decode-batches",
+            "--json",
+            "--model",
+        ])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stderr: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["runs"].as_array().unwrap().len(), 1);
+    assert_eq!(report["decode"].as_array().unwrap().len(), 0);
+}

@@ -43,8 +43,9 @@ pub struct BenchArgs {
     /// kinds (`chain`, `tree`, `tree-recompute`, `mistralrs-chain`).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Batch sizes at which to measure decode tokens/s (empty: skip).
-    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    /// Batch sizes at which to measure decode tokens/s (`--decode-batches` with no
+    /// value: skip the decode measurement).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,16")]
     pub decode_batches: Vec<usize>,
     /// Tokens each sequence generates in the decode measurement.
     #[arg(long, default_value_t = 64)]
