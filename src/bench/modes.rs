@@ -223,6 +223,13 @@ pub async fn run_mode(
     Ok(BenchRun::from_summary(mode, &summary))
 }
 
+impl BenchRun {
+    /// A row measured on the peer engine (its token figures are needed, not computed).
+    pub fn is_peer(&self) -> bool {
+        self.mode.starts_with("mistralrs")
+    }
+}
+
 /// The peer's chain workload (G chains per prompt on mistral.rs, same GGUF, prompts,
 /// sampling, stop strings and tools) as a row of the table. Its token figures are our
 /// tokenizer's counts of the texts — what the rollouts needed, not what mistral.rs

@@ -55,7 +55,7 @@ impl BenchReport {
         };
         for r in &mut self.runs {
             // A peer's token figures are tokens needed, not computed: no token ratio.
-            if !r.mode.starts_with("mistralrs") {
+            if !r.is_peer() {
                 r.ratio_to_chain = ratio(r.rollouts_per_10k_tokens, chain.rollouts_per_10k_tokens);
             }
             r.speed_ratio_to_chain = ratio(r.rollouts_per_second, chain.rollouts_per_second);
@@ -111,7 +111,7 @@ pub fn markdown(report: &BenchReport) -> String {
             r.mean_reward,
         ));
     }
-    if report.runs.iter().any(|r| r.mode.starts_with("mistralrs")) {
+    if report.runs.iter().any(BenchRun::is_peer) {
         s.push_str(
             "\nmistralrs-chain: its token columns are our tokenizer's count of what the \
              rollouts needed, not what mistral.rs computed (it reports neither token ids nor \

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use clap::Args;
 use treegrpo::bench::{
     default_modes, engine_decode_tokens_per_second, machine_info, markdown, run_mode, BenchMode,
-    BenchReport, BenchSettings,
+    BenchReport, BenchSettings, DecodeSpeed,
 };
 use treegrpo::engine::Sampling;
 use treegrpo::env::{EnvConfig, Task};
@@ -161,8 +161,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             batch,
             a.decode_tokens,
         ))?;
-        eprintln!("{}", serde_json::to_string(&speed)?);
-        report.decode.push(speed);
+        record_decode(&mut report, speed)?;
         #[cfg(feature = "mistralrs")]
         if peer_wanted {
             eprintln!("mistral.rs decode speed at batch {batch} …");
@@ -172,8 +171,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 batch,
                 a.decode_tokens,
             ))?;
-            eprintln!("{}", serde_json::to_string(&speed)?);
-            report.decode.push(speed);
+            record_decode(&mut report, speed)?;
         }
     }
     report.fill_ratios();
@@ -182,6 +180,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     } else {
         print!("{}", markdown(&report));
     }
+    Ok(())
+}
+
+/// Keeps a decode figure, printing its JSON on stderr at once (as the rows are).
+fn record_decode(report: &mut BenchReport, speed: DecodeSpeed) -> anyhow::Result<()> {
+    eprintln!("{}", serde_json::to_string(&speed)?);
+    report.decode.push(speed);
     Ok(())
 }
 

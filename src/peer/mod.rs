@@ -88,17 +88,6 @@ pub struct PeerModelConfig {
     pub disable_eos_stop: bool,
 }
 
-impl Default for PeerModelConfig {
-    fn default() -> Self {
-        PeerModelConfig {
-            max_num_seqs: 64,
-            prefix_cache: true,
-            dtype: PeerDType::F32,
-            disable_eos_stop: false,
-        }
-    }
-}
-
 /// Loads a GGUF file into a mistral.rs engine on the CPU, from its local path only
 /// (no hub access); its tokenizer comes from the GGUF metadata.
 ///
