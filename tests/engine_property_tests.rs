@@ -280,7 +280,11 @@ impl Harness {
                     self.cov.busy += 1;
                     return;
                 }
-                let child = r.unwrap();
+                let child = match r {
+                    Ok(child) => child,
+                    Err(e) if e.is_sequence_limit() => return self.unreported_failure(parent, &e),
+                    Err(e) => panic!("fork of {parent:?}: {e}"),
+                };
                 assert!(!self.shadow.contains_key(&child), "{child:?} reused");
                 let tokens = self.shadow[&parent].clone();
                 self.shadow.insert(child, tokens);
@@ -302,8 +306,11 @@ impl Harness {
                     self.cov.busy += 1;
                     return;
                 }
-                r.unwrap();
-                self.shadow.get_mut(&seq).unwrap().extend(tokens);
+                match r {
+                    Ok(()) => self.shadow.get_mut(&seq).unwrap().extend(tokens),
+                    Err(e) if e.is_sequence_limit() => self.unreported_failure(seq, &e),
+                    Err(e) => panic!("append to {seq:?}: {e}"),
+                }
             }
             // generate.
             32..=49 => {
@@ -327,6 +334,8 @@ impl Harness {
                     }
                     // Only after a failed prefill dropped the pending tokens.
                     Err(EngineError::EmptySequence(s)) if s == seq => self.cov.empty += 1,
+                    // Tokens added earlier failed before anyone asked for them.
+                    Err(e) if e.is_sequence_limit() => self.unreported_failure(seq, &e),
                     Err(e) => panic!("generate on idle {seq:?}: {e}"),
                 }
             }
@@ -348,8 +357,11 @@ impl Harness {
                     self.cov.busy += 1;
                     return;
                 }
-                r.unwrap();
-                self.flushing.entry(seq).or_insert((0, false)).0 += 1;
+                match r {
+                    Ok(()) => self.flushing.entry(seq).or_insert((0, false)).0 += 1,
+                    Err(e) if e.is_sequence_limit() => self.unreported_failure(seq, &e),
+                    Err(e) => panic!("prefill of {seq:?}: {e}"),
+                }
             }
             // score (teacher forcing) on an idle sequence.
             66..=69 => {
@@ -361,6 +373,11 @@ impl Harness {
                 let r = self.core.score(seq, &tokens);
                 if self.freed.contains(&seq) {
                     return self.expect_unknown(seq, r);
+                }
+                if let Err(e) = &r {
+                    if e.is_sequence_limit() {
+                        return self.unreported_failure(seq, e);
+                    }
                 }
                 self.check_score(seq, &tokens, r);
             }
@@ -414,6 +431,18 @@ impl Harness {
             }
             _ => self.core.clear_prefix_cache(),
         }
+    }
+
+    /// A failure of tokens nobody had asked for yet, reported by the next call.
+    fn unreported_failure(&mut self, seq: SeqId, e: &EngineError) {
+        match e {
+            EngineError::NeverFits { .. } => self.cov.never_fits += 1,
+            _ => self.cov.overflow += 1,
+        }
+        self.cov.prefill_errors += 1;
+        // Pending tokens are dropped: the sequence holds what is computed.
+        let cached = self.core.tokens(seq).unwrap().to_vec();
+        self.shadow.insert(seq, cached);
     }
 
     /// Takes the finished generations and checks each one.
@@ -480,12 +509,29 @@ impl Harness {
                 continue;
             }
             if failed {
-                // Should be an error (see `a_failed_prefill_reports_an_error`); for now
-                // the core reports Ok and the error only through take_finished.
+                // The sequence's generation failed too and reported it already.
+                assert!(result.is_err(), "{seq:?}: failed, yet prefilled");
                 self.cov.prefill_failed += 1;
                 continue;
             }
-            result.unwrap();
+            match result {
+                Ok(()) => {}
+                // A prefill that cannot run reports its typed error here.
+                Err(e) => {
+                    match &e {
+                        EngineError::NeverFits { .. } => self.cov.never_fits += 1,
+                        EngineError::Model(ModelError::ContextOverflow { .. }) => {
+                            self.cov.overflow += 1
+                        }
+                        other => panic!("{seq:?}: unexpected prefill error {other}"),
+                    }
+                    self.cov.prefill_errors += 1;
+                    // Pending tokens are dropped: the sequence holds what is computed.
+                    let cached = self.core.tokens(seq).unwrap().to_vec();
+                    self.shadow.insert(seq, cached);
+                    continue;
+                }
+            }
             self.cov.prefills += 1;
             if !self.generating.contains_key(&seq) {
                 let cached = self.core.tokens(seq).unwrap();

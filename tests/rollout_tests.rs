@@ -61,15 +61,24 @@ fn run_with(
     out: Option<&Path>,
     options: RunOptions,
 ) -> (RunSummary, Vec<TrajectoryRecord>, u64) {
-    let engine = Engine::start(
-        model.clone(),
-        EngineConfig {
-            max_batch_seqs,
-            prefix_cache: cfg.prefix_reuse,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
+    let engine = EngineConfig {
+        max_batch_seqs,
+        prefix_cache: cfg.prefix_reuse,
+        ..EngineConfig::default()
+    };
+    run_on(model, cfg, engine, out, options, 2)
+}
+
+/// Runs the first `prompts` training questions on an engine of the given config.
+fn run_on(
+    model: &Arc<LoadedModel>,
+    cfg: TreeConfig,
+    engine: EngineConfig,
+    out: Option<&Path>,
+    options: RunOptions,
+    prompts: usize,
+) -> (RunSummary, Vec<TrajectoryRecord>, u64) {
+    let engine = Engine::start(model.clone(), engine).unwrap();
     let env: Arc<dyn Environment> = Arc::new(
         SearchQaEnv::from_corpus_file(&data("corpus.jsonl"), DEFAULT_TOP_K, EnvConfig::default())
             .unwrap(),
@@ -77,7 +86,7 @@ fn run_with(
     let samples: Vec<_> = load_samples(&data("train.jsonl"))
         .unwrap()
         .into_iter()
-        .take(2)
+        .take(prompts)
         .collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -226,5 +235,150 @@ fn token_budget_stops_new_branches_and_keeps_the_rest_identical() {
     let full_keys: std::collections::HashSet<_> = full_records.iter().map(key).collect();
     for r in &cut_records {
         assert!(full_keys.contains(&key(r)), "a budgeted branch differs");
+    }
+}
+
+/// KV blocks of the whole budget `bytes` for the default model's block size.
+fn pool_bytes_for_blocks(model: &LoadedModel, blocks: usize) -> usize {
+    blocks * 16 * model.model.config().kv_bytes_per_token()
+}
+
+/// The longest sequence (prompt and every step) of a run, in tokens.
+fn longest_sequence(records: &[TrajectoryRecord]) -> usize {
+    records
+        .iter()
+        .map(|r| r.trajectory.prompt_ids.len() + r.trajectory.response_ids.len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Memory pressure (issue 12): the same rollout on a KV pool an eighth of what it
+/// peaks at unconstrained (or just over one branch, if that is more) preempts and
+/// recomputes, and writes byte-identical trajectories and trees. Preemptions and the
+/// tokens they recomputed are in the summary, and every computed token is still
+/// attributed to exactly one forest.
+#[test]
+fn a_pool_an_eighth_of_the_peak_preempts_and_writes_the_same_bytes() {
+    let model = Arc::new(LoadedModel::load(&common::default_model()).unwrap());
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let options = || RunOptions::new(AdvantageMode::Tree);
+    let engine = EngineConfig::default();
+    let (free, records, _) = run_on(
+        &model,
+        tree_config(true),
+        engine,
+        Some(a.path()),
+        options(),
+        3,
+    );
+    assert_eq!(free.tokens.preemptions, 0);
+    assert_eq!(free.tokens.recomputed_preempted, 0);
+    let bytes_per_block = pool_bytes_for_blocks(&model, 1);
+    let peak_blocks = free.peak_kv_bytes as usize / bytes_per_block;
+    // One branch alone must fit: its blocks plus one copied on write.
+    let one_branch = longest_sequence(&records).div_ceil(16) + 2;
+    let blocks = (peak_blocks / 8).max(one_branch);
+    assert!(
+        blocks * 4 <= peak_blocks,
+        "{blocks} blocks is not well under the peak of {peak_blocks}"
+    );
+    eprintln!("peak {peak_blocks} blocks unconstrained; constrained pool {blocks} blocks");
+    let small = EngineConfig {
+        kv_budget_bytes: pool_bytes_for_blocks(&model, blocks),
+        ..EngineConfig::default()
+    };
+    let (tight, _, engine_computed) = run_on(
+        &model,
+        tree_config(true),
+        small,
+        Some(b.path()),
+        options(),
+        3,
+    );
+    for f in ["trajectories.jsonl", "forest.jsonl"] {
+        let fa = std::fs::read(a.path().join(f)).unwrap();
+        let fb = std::fs::read(b.path().join(f)).unwrap();
+        assert!(!fa.is_empty());
+        assert!(fa == fb, "{f} differs under memory pressure");
+    }
+    assert_eq!(tight.failed_branches, 0);
+    assert!(tight.tokens.preemptions > 0, "{:?}", tight.tokens);
+    assert!(tight.tokens.recomputed_preempted > 0, "{:?}", tight.tokens);
+    // The figures stay exact: forests and the shared prefix add up to the engine's
+    // counters, recomputation included; and only the recompute is extra work.
+    assert_eq!(tight.tokens.computed, engine_computed);
+    let forest_sum: u64 = tight.forests.iter().map(|f| f.tokens.computed).sum();
+    assert_eq!(forest_sum + tight.shared_prefix.computed, engine_computed);
+    let preempted: u64 = tight.forests.iter().map(|f| f.tokens.preemptions).sum();
+    assert_eq!(
+        preempted + tight.shared_prefix.preemptions,
+        tight.tokens.preemptions
+    );
+    assert_eq!(tight.tokens.decoded, free.tokens.decoded);
+    assert_eq!(
+        tight.tokens.observation_prefilled,
+        free.tokens.observation_prefilled
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(b.path().join("summary.json")).unwrap())
+            .unwrap();
+    assert!(summary["tokens"]["preemptions"].as_u64().unwrap() > 0);
+    assert!(summary["tokens"]["recomputed_preempted"].as_u64().unwrap() > 0);
+}
+
+/// A branch whose sequence is longer than the whole pool fails with a clear error;
+/// the run goes on, the other branches finish, and the failure is in the summary.
+#[test]
+fn a_branch_longer_than_the_pool_fails_alone_and_the_run_goes_on() {
+    let model = Arc::new(LoadedModel::load(&common::default_model()).unwrap());
+    let options = || RunOptions::new(AdvantageMode::Tree);
+    let (free, records, _) = run_on(
+        &model,
+        tree_config(true),
+        EngineConfig::default(),
+        None,
+        options(),
+        2,
+    );
+    let mut lengths: Vec<usize> = records
+        .iter()
+        .map(|r| r.trajectory.prompt_ids.len() + r.trajectory.response_ids.len())
+        .collect();
+    lengths.sort();
+    // A pool that holds the shortest trajectories but not the longest.
+    let blocks = (lengths[0] + 1).div_ceil(16) + 1;
+    assert!(
+        blocks * 16 < *lengths.last().unwrap(),
+        "the trajectories are too alike in length: {lengths:?}"
+    );
+    let small = EngineConfig {
+        kv_budget_bytes: pool_bytes_for_blocks(&model, blocks),
+        ..EngineConfig::default()
+    };
+    let (tight, tight_records, _) = run_on(&model, tree_config(true), small, None, options(), 2);
+    assert!(tight.failed_branches > 0, "no branch failed");
+    assert!(tight.rollouts > 0, "no branch finished");
+    assert!(tight.rollouts < free.rollouts);
+    let failed: Vec<_> = tight
+        .forests
+        .iter()
+        .flat_map(|f| &f.failed_branches)
+        .collect();
+    assert_eq!(failed.len(), tight.failed_branches);
+    for f in failed {
+        assert!(
+            f.error.contains("KV blocks") && f.error.contains(&format!("pool has {blocks}")),
+            "{}",
+            f.error
+        );
+        assert!(f.error.contains("--kv-mib"), "{}", f.error);
+    }
+    for r in &tight_records {
+        let len = r.trajectory.prompt_ids.len() + r.trajectory.response_ids.len();
+        // A trajectory's last sampled token is never fed back, so it needs no KV.
+        assert!(
+            len <= blocks * 16 + 1,
+            "a finished trajectory of {len} tokens"
+        );
     }
 }

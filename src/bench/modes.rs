@@ -268,8 +268,8 @@ pub async fn run_mistralrs_chain(
             decoded: s.generated_tokens,
             reused: 0,
             reused_prefix_cache: 0,
-            recomputed: 0,
             computed: needed,
+            ..TokenSummary::default()
         },
         tokens_computed_per_rollout: needed as f64 / s.rollouts.max(1) as f64,
         rollouts_per_10k_tokens: per_10k(s.rollouts, needed),

@@ -50,9 +50,11 @@ pub struct BenchArgs {
     /// Tokens each sequence generates in the decode measurement.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
-    /// KV cache budget in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub kv_mib: usize,
+    /// KV cache budget in MiB (default: a quarter of the available memory, between
+    /// 512 MiB and 8 GiB). A smaller pool is slower, never wrong: sequences that do
+    /// not fit at once are preempted and recomputed.
+    #[arg(long)]
+    pub kv_mib: Option<usize>,
     /// Most prompts grown at once (0: all).
     #[arg(long, default_value_t = 16)]
     pub concurrent_prompts: usize,
@@ -80,7 +82,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         seed: a.seed,
         sampling: Sampling::from_temperature(Some(a.temperature)),
         max_step_tokens: a.max_step_tokens,
-        kv_budget_bytes: a.kv_mib << 20,
+        kv_budget_bytes: a
+            .kv_mib
+            .map_or_else(treegrpo::engine::EngineConfig::auto_kv_budget_bytes, |m| {
+                m << 20
+            }),
         max_concurrent_prompts: a.concurrent_prompts,
     };
     let modes: Vec<_> = default_modes()

@@ -64,9 +64,11 @@ pub struct RolloutArgs {
     /// Most sequences per forward (results do not depend on it).
     #[arg(long, default_value_t = 64)]
     pub max_batch_seqs: usize,
-    /// KV cache budget in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub kv_mib: usize,
+    /// KV cache budget in MiB (default: a quarter of the available memory, between
+    /// 512 MiB and 8 GiB). A smaller pool is slower, never wrong: sequences that do
+    /// not fit at once are preempted and recomputed.
+    #[arg(long)]
+    pub kv_mib: Option<usize>,
     /// Stop starting new branches (and prompts) once this many tokens were computed;
     /// branches already running finish, so the run may overrun it by a few branches.
     #[arg(long)]
@@ -165,7 +167,9 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
     let engine = Engine::start(
         model,
         EngineConfig {
-            kv_budget_bytes: a.kv_mib << 20,
+            kv_budget_bytes: a
+                .kv_mib
+                .map_or_else(EngineConfig::auto_kv_budget_bytes, |m| m << 20),
             max_batch_seqs: a.max_batch_seqs,
             prefix_cache: !a.no_prefix_reuse,
             ..EngineConfig::default()
@@ -190,6 +194,19 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
             summary.prompts_finished, summary.prompts
         );
     }
+    if summary.failed_branches > 0 {
+        eprintln!(
+            "{} branches failed (listed per prompt in summary.json): {}",
+            summary.failed_branches,
+            summary
+                .forests
+                .iter()
+                .flat_map(|f| &f.failed_branches)
+                .map(|b| b.error.as_str())
+                .next()
+                .unwrap_or_default()
+        );
+    }
     if summary.budget_exhausted {
         eprintln!(
             "token budget {} reached: later branches were not started",
@@ -211,10 +228,10 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
 
 pub fn print_summary(s: &RunSummary) {
     let t = &s.tokens;
-    println!("| prompts | rollouts | mean reward | prompt prefilled | obs prefilled | decoded | reused | recomputed | computed / rollout | tool calls | wall s |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| prompts | rollouts | mean reward | prompt prefilled | obs prefilled | decoded | reused | recomputed | preemptions (tokens recomputed) | computed / rollout | tool calls | wall s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {} | {:.3} | {} | {} | {} | {} | {} | {:.1} | {} | {:.1} |",
+        "| {} | {} | {:.3} | {} | {} | {} | {} | {} | {} ({}) | {:.1} | {} | {:.1} |",
         s.prompts,
         s.rollouts,
         s.mean_reward,
@@ -223,6 +240,8 @@ pub fn print_summary(s: &RunSummary) {
         t.decoded,
         t.reused,
         t.recomputed,
+        t.preemptions,
+        t.recomputed_preempted,
         s.tokens_computed_per_rollout,
         s.tool_calls,
         s.wall_seconds

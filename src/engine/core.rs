@@ -3,10 +3,15 @@
 //!
 //! A sequence holds *pending* tokens (known, not yet in the KV cache) and, while it
 //! generates, its sampling state. Each step feeds every runnable sequence's pending
-//! tokens (decode tokens first, then prefill chunks, under a per-step token cap so a
-//! long prefill cannot stall decoding) through one forward. When a sequence's pending
-//! tokens are all in the cache, its last row's logits are kept, so a generation — or a
-//! fork's generation — can sample its first token without recomputing anything.
+//! tokens through one forward (see [`schedule`](super::schedule)). When a sequence's
+//! pending tokens are all in the cache, its last row's logits are kept, so a
+//! generation — or a fork's generation — can sample its first token without
+//! recomputing anything.
+//!
+//! Under memory pressure a sequence may be *preempted* (see [`preempt`](super::preempt)):
+//! its KV is dropped and its tokens become pending again, marked as a recompute, so it
+//! is recomputed when room returns. Callers never see it: tokens, logprobs and results
+//! are the same as without the preemption.
 //!
 //! Results never depend on batch composition: each row's arithmetic is fixed (see the
 //! model layer's invariant), and each generation's RNG is seeded from its own params.
@@ -14,14 +19,13 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::kv::{KvCache, KvConfig, KvError, PinId, SeqId};
+use crate::kv::{KvCache, KvConfig, PinId, SeqId};
 use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, TokenId};
 
 use super::counters::{EngineCounters, EngineStats, SeqUsage};
 use super::error::EngineError;
 use super::rng::SeqRng;
-use super::sampling::{sample, SampledToken};
-use super::stop::{find_stop, GenParams, StopReason};
+use super::stop::{GenParams, StopReason};
 
 /// Scheduler limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,6 +40,27 @@ pub struct EngineConfig {
     pub max_batch_seqs: usize,
     /// Let new sequences start from cached blocks of an identical prompt prefix.
     pub prefix_cache: bool,
+}
+
+impl EngineConfig {
+    /// The KV budget when the user names none: a quarter of the memory available now
+    /// (`MemAvailable`), between 512 MiB and 8 GiB; 1 GiB where the figure cannot be
+    /// read. The pool's pages cost memory only once written, and preemption keeps a
+    /// smaller pool correct (only slower), so the default leans large.
+    pub fn auto_kv_budget_bytes() -> usize {
+        const MIB: usize = 1 << 20;
+        let available = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| {
+                let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+                let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+                Some(kib * 1024)
+            });
+        match available {
+            Some(bytes) => (bytes / 4).clamp(512 * MIB, 8192 * MIB),
+            None => 1024 * MIB,
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -60,49 +85,73 @@ pub struct Generation {
 }
 
 #[derive(Debug)]
-struct GenState {
-    params: GenParams,
-    rng: SeqRng,
-    tokens: Vec<TokenId>,
-    logprobs: Vec<f32>,
+pub(super) struct GenState {
+    pub(super) params: GenParams,
+    pub(super) rng: SeqRng,
+    pub(super) tokens: Vec<TokenId>,
+    pub(super) logprobs: Vec<f32>,
 }
 
 #[derive(Debug, Default)]
-struct SeqState {
-    /// Tokens to feed, in order.
-    pending: Vec<TokenId>,
-    /// How many of the leading pending tokens were sampled (fed as "decoded").
-    sampled_pending: usize,
+pub(super) struct SeqState {
+    /// Tokens to feed, in order: first `recompute` tokens whose KV a preemption
+    /// dropped, then `sampled_pending` sampled tokens, then prompt or appended tokens.
+    pub(super) pending: Vec<TokenId>,
+    /// How many of the leading pending tokens recompute KV dropped by a preemption
+    /// (counted as `recomputed_preempted`, not again as prefilled or decoded).
+    pub(super) recompute: usize,
+    /// The recompute has started (cached blocks adopted). At most one fresh restore
+    /// is admitted while another is in flight, so forks of one preempted snapshot
+    /// find each other's recomputed blocks instead of computing them twice.
+    pub(super) restoring: bool,
+    /// How many pending tokens after the recompute were sampled (fed as "decoded").
+    pub(super) sampled_pending: usize,
     /// Whether the scheduler should feed `pending`. A generation's last sampled token
     /// stays pending but idle: it is computed only if the sequence goes on (an
     /// append or another generation), so a branch that ends costs nothing more.
-    runnable: bool,
+    pub(super) runnable: bool,
     /// Logits of the last position in the cache (when `pending` is empty).
-    last_logits: Option<Arc<Vec<f32>>>,
-    generating: Option<GenState>,
+    pub(super) last_logits: Option<Arc<Vec<f32>>>,
+    pub(super) generating: Option<GenState>,
     /// What this sequence has cost so far (returned by `free`).
-    usage: SeqUsage,
+    pub(super) usage: SeqUsage,
+    /// The engine tick of its last use: idle sequences are preempted least recently
+    /// used first.
+    pub(super) last_used: u64,
+    /// A failure of work nobody was waiting for yet (tokens added, then failed before
+    /// the caller asked for them): the next call on the sequence (fork, append,
+    /// generate, prefill, score) reports it instead of doing anything.
+    pub(super) unreported: Option<EngineError>,
 }
 
 impl SeqState {
-    fn push_sampled(&mut self, token: TokenId) {
+    pub(super) fn push_sampled(&mut self, token: TokenId) {
         self.pending.push(token);
         self.sampled_pending += 1;
         self.last_logits = None;
+    }
+
+    /// Preempted, and its recompute not started: it must adopt cached blocks first.
+    pub(super) fn awaits_restore(&self) -> bool {
+        self.recompute > 0 && !self.restoring
     }
 }
 
 /// The engine's state: model, KV cache, sequences and counters.
 pub struct EngineCore {
-    model: Arc<LoadedModel>,
-    kv: KvCache,
-    config: EngineConfig,
-    seqs: BTreeMap<SeqId, SeqState>,
-    finished: Vec<(SeqId, Result<Generation, EngineError>)>,
+    pub(super) model: Arc<LoadedModel>,
+    pub(super) kv: KvCache,
+    pub(super) config: EngineConfig,
+    pub(super) seqs: BTreeMap<SeqId, SeqState>,
+    pub(super) finished: Vec<(SeqId, Result<Generation, EngineError>)>,
     /// Sequences whose caller waits for their pending tokens to be computed.
-    flushing: Vec<SeqId>,
-    flushed: Vec<(SeqId, Result<(), EngineError>)>,
-    counters: EngineCounters,
+    pub(super) flushing: Vec<SeqId>,
+    pub(super) flushed: Vec<(SeqId, Result<(), EngineError>)>,
+    pub(super) counters: EngineCounters,
+    /// Increases with every operation and step (the clock of `last_used`).
+    pub(super) tick: u64,
+    /// The last step left a sequence waiting for KV room or preempted one.
+    pub(super) kv_pressure: bool,
 }
 
 impl EngineCore {
@@ -123,6 +172,8 @@ impl EngineCore {
             flushing: Vec::new(),
             flushed: Vec::new(),
             counters: EngineCounters::default(),
+            tick: 0,
+            kv_pressure: false,
         })
     }
 
@@ -141,10 +192,16 @@ impl EngineCore {
         &self.kv
     }
 
+    /// The sequence's state, marked as used now.
     fn state(&mut self, seq: SeqId) -> Result<&mut SeqState, EngineError> {
-        self.seqs
+        self.tick += 1;
+        let tick = self.tick;
+        let s = self
+            .seqs
             .get_mut(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        s.last_used = tick;
+        Ok(s)
     }
 
     fn check_tokens(&self, tokens: &[TokenId]) -> Result<(), EngineError> {
@@ -159,9 +216,7 @@ impl EngineCore {
     /// prefix (counted as reused); the rest is prefilled by the next steps.
     pub fn add_sequence(&mut self, prompt: &[TokenId]) -> Result<SeqId, EngineError> {
         if prompt.is_empty() {
-            return Err(EngineError::Model(crate::model::ModelError::Tokenizer(
-                "empty prompt".into(),
-            )));
+            return Err(EngineError::EmptyPrompt);
         }
         self.check_tokens(prompt)?;
         let max = self.model.model.config().max_position_embeddings;
@@ -178,6 +233,7 @@ impl EngineCore {
             (self.kv.new_sequence(), 0)
         };
         self.counters.reused_prefix_cache += cached as u64;
+        self.tick += 1;
         self.seqs.insert(
             seq,
             SeqState {
@@ -187,6 +243,7 @@ impl EngineCore {
                     reused_prefix_cache: cached as u64,
                     ..SeqUsage::default()
                 },
+                last_used: self.tick,
                 ..SeqState::default()
             },
         );
@@ -194,37 +251,41 @@ impl EngineCore {
     }
 
     /// A new sequence sharing everything `parent` has computed: no KV data is copied
-    /// and nothing is recomputed; the cost is a block-table clone (O(blocks), about
-    /// 7 µs at 16k tokens). Pending tokens are copied.
+    /// and nothing is recomputed; the cost is O(1) in the prefix length (the parent's
+    /// full blocks are frozen into a segment both share). Pending tokens are copied.
     pub fn fork(&mut self, parent: SeqId) -> Result<SeqId, EngineError> {
-        let p = self
-            .seqs
-            .get(&parent)
-            .ok_or(EngineError::UnknownSequence(parent))?;
+        let p = self.state(parent)?;
         if p.generating.is_some() {
             return Err(EngineError::Busy(parent));
         }
-        let (pending, sampled_pending, runnable, last_logits) = (
-            p.pending.clone(),
-            p.sampled_pending,
-            p.runnable,
-            p.last_logits.clone(),
-        );
+        if let Some(err) = p.unreported.take() {
+            return Err(err);
+        }
+        let child_state = SeqState {
+            unreported: None,
+            pending: p.pending.clone(),
+            recompute: p.recompute,
+            restoring: p.restoring,
+            sampled_pending: p.sampled_pending,
+            runnable: p.runnable,
+            last_logits: p.last_logits.clone(),
+            generating: None,
+            usage: SeqUsage::default(),
+            last_used: p.last_used,
+        };
         let child = self.kv.fork(parent)?;
-        let inherited = self.kv.seq_len(child)? as u64;
+        // What the child inherits is the parent's whole history, cached or (after a
+        // preemption) still to be recomputed: the same figure as without pressure.
+        let inherited = (self.kv.seq_len(child)? + child_state.recompute) as u64;
         self.counters.reused_fork += inherited;
         self.seqs.insert(
             child,
             SeqState {
-                pending,
-                sampled_pending,
-                runnable,
-                last_logits,
-                generating: None,
                 usage: SeqUsage {
                     reused_fork: inherited,
                     ..SeqUsage::default()
                 },
+                ..child_state
             },
         );
         Ok(child)
@@ -236,6 +297,9 @@ impl EngineCore {
         let s = self.state(seq)?;
         if s.generating.is_some() {
             return Err(EngineError::Busy(seq));
+        }
+        if let Some(err) = s.unreported.take() {
+            return Err(err);
         }
         if !tokens.is_empty() {
             s.pending.extend_from_slice(tokens);
@@ -250,6 +314,9 @@ impl EngineCore {
         let s = self.state(seq)?;
         if s.generating.is_some() {
             return Err(EngineError::Busy(seq));
+        }
+        if let Some(err) = s.unreported.take() {
+            return Err(err);
         }
         if s.pending.is_empty() && s.last_logits.is_none() {
             return Err(EngineError::EmptySequence(seq));
@@ -272,25 +339,33 @@ impl EngineCore {
     }
 
     /// Feeds `tokens` to an idle sequence at once, alone, and returns the logits at every
-    /// one of their positions (teacher forcing: scoring a continuation, oracles).
+    /// one of their positions (teacher forcing: scoring a continuation, oracles). A
+    /// preempted sequence recomputes its dropped KV in the same forward.
     pub fn score(&mut self, seq: SeqId, tokens: &[TokenId]) -> Result<Vec<Vec<f32>>, EngineError> {
-        let s = self
-            .seqs
-            .get(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
-        if s.generating.is_some() || !s.pending.is_empty() {
+        let s = self.state(seq)?;
+        if let Some(err) = s.unreported.take() {
+            return Err(err);
+        }
+        if s.generating.is_some() || s.pending.len() != s.recompute {
             return Err(EngineError::Busy(seq));
         }
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
+        if s.awaits_restore() {
+            self.restore_from_cache(seq)?;
+        }
+        let s = &self.seqs[&seq];
+        let recompute = s.recompute;
+        let mut fed = s.pending.clone();
+        fed.extend_from_slice(tokens);
         let start = self.kv.seq_len(seq)?;
-        self.kv.reserve(seq, tokens.len())?;
+        self.kv.reserve(seq, fed.len())?;
         let batch = ForwardBatch {
             seqs: vec![BatchSeq {
                 slot: seq.slot(),
                 start,
-                tokens: tokens.to_vec(),
+                tokens: fed.clone(),
                 logits: LogitsWanted::All,
             }],
         };
@@ -301,13 +376,19 @@ impl EngineCore {
                 return Err(e.into());
             }
         };
-        self.kv.commit(seq, tokens)?;
+        self.kv.commit(seq, &fed)?;
         self.counters.steps += 1;
         self.counters.prefilled += tokens.len() as u64;
-        let rows = out.into_iter().next().map(|o| o.rows).unwrap_or_default();
+        self.counters.recomputed_preempted += recompute as u64;
+        let mut rows = out.into_iter().next().map(|o| o.rows).unwrap_or_default();
+        rows.drain(..recompute.min(rows.len()));
         if let Some(s) = self.seqs.get_mut(&seq) {
+            s.pending.clear();
+            s.recompute = 0;
+            s.restoring = false;
             s.last_logits = rows.last().cloned().map(Arc::new);
             s.usage.prefilled += tokens.len() as u64;
+            s.usage.recomputed_preempted += recompute as u64;
         }
         Ok(rows)
     }
@@ -320,6 +401,9 @@ impl EngineCore {
         let s = self.state(seq)?;
         if s.generating.is_some() {
             return Err(EngineError::Busy(seq));
+        }
+        if let Some(err) = s.unreported.take() {
+            return Err(err);
         }
         if s.pending.is_empty() {
             self.flushed.push((seq, Ok(())));
@@ -336,7 +420,9 @@ impl EngineCore {
         let (done, still): (Vec<SeqId>, Vec<SeqId>) = self
             .flushing
             .drain(..)
-            .partition(|q| seqs.get(q).is_none_or(|s| s.pending.is_empty()));
+            // Done once nothing but a recompute is pending: a preemption after the
+            // prefill dropped KV the engine recomputes on its own.
+            .partition(|q| seqs.get(q).is_none_or(|s| s.pending.len() == s.recompute));
         self.flushing = still;
         for q in done {
             let r = if self.seqs.contains_key(&q) {
@@ -368,8 +454,11 @@ impl EngineCore {
         Ok(state.usage)
     }
 
-    /// Keeps `seq`'s cached prefix resident until [`Self::unpin`].
+    /// Keeps the positions of `seq` that are in the KV cache now resident until
+    /// [`Self::unpin`] (positions a preemption dropped and not yet recomputed are not
+    /// in the cache, so not pinned).
     pub fn pin(&mut self, seq: SeqId) -> Result<PinId, EngineError> {
+        self.state(seq)?;
         Ok(self.kv.pin(seq)?)
     }
 
@@ -377,9 +466,16 @@ impl EngineCore {
         Ok(self.kv.unpin(pin)?)
     }
 
-    /// Cached tokens of `seq` (prompt, generated and appended tokens that are in KV).
+    /// Tokens of `seq` the engine holds computed: those in the KV cache and those a
+    /// preemption dropped, which it recomputes before anything else.
     pub fn tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, EngineError> {
-        Ok(self.kv.tokens(seq)?)
+        let s = self
+            .seqs
+            .get(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        let mut tokens = self.kv.tokens(seq)?;
+        tokens.extend_from_slice(&s.pending[..s.recompute]);
+        Ok(tokens)
     }
 
     /// Drops all cached prefixes (after a weight update their KV is stale).
@@ -399,6 +495,15 @@ impl EngineCore {
             .any(|s| s.runnable && !s.pending.is_empty())
     }
 
+    /// Whether new work may start without adding to memory pressure: the last step
+    /// left no sequence waiting for KV room and preempted none, and at least
+    /// `min_available_blocks` blocks are free or evictable. Always true when nothing
+    /// runs (then waiting could never end, and preemption makes the room).
+    pub fn has_kv_room(&self, min_available_blocks: usize) -> bool {
+        !self.has_work()
+            || (!self.kv_pressure && self.kv.available_blocks() >= min_available_blocks)
+    }
+
     /// Runs steps until no sequence has work left.
     pub fn run_until_idle(&mut self) -> Result<(), EngineError> {
         while self.has_work() {
@@ -407,221 +512,30 @@ impl EngineCore {
         Ok(())
     }
 
-    /// One forward over a ragged batch of every runnable sequence's pending tokens.
-    pub fn step(&mut self) -> Result<usize, EngineError> {
-        let max_pos = self.model.model.config().max_position_embeddings;
-        // Decodes first (one token each), then prefill chunks, in sequence order.
-        let mut order: Vec<(SeqId, usize)> = self
-            .seqs
-            .iter()
-            .filter(|(_, s)| s.runnable && !s.pending.is_empty())
-            .map(|(&id, s)| (id, s.pending.len()))
-            .collect();
-        order.sort_by_key(|&(id, n)| (n > 1 || self.seqs[&id].generating.is_none(), id));
-
-        let mut batch = ForwardBatch::default();
-        let mut chosen: Vec<(SeqId, usize)> = Vec::new();
-        let mut budget = self.config.max_batch_tokens.max(1);
-        for (seq, n_pending) in order {
-            if budget == 0 || chosen.len() >= self.config.max_batch_seqs.max(1) {
-                break;
-            }
-            let n = n_pending.min(budget);
-            let start = self.kv.seq_len(seq)?;
-            if start + n > max_pos {
-                self.fail(
-                    seq,
-                    crate::model::ModelError::ContextOverflow {
-                        tokens: start + n,
-                        max: max_pos,
-                    }
-                    .into(),
-                );
-                continue;
-            }
-            match self.kv.reserve(seq, n) {
-                Ok(()) => {}
-                Err(KvError::OutOfBlocks { .. }) => {
-                    if self.kv.blocks_for_tokens(start + n_pending) > self.kv.num_blocks() {
-                        self.fail_never_fits(seq, start + n_pending);
-                    }
-                    // Otherwise it waits for room.
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            }
-            let s = &self.seqs[&seq];
-            let finishes = n == n_pending;
-            batch.seqs.push(BatchSeq {
-                slot: seq.slot(),
-                start,
-                tokens: s.pending[..n].to_vec(),
-                logits: if finishes {
-                    LogitsWanted::Last
-                } else {
-                    LogitsWanted::None
-                },
-            });
-            chosen.push((seq, n));
-            budget -= n;
+    /// Fails `seq`'s current work with `err`. Its pending work is dropped; KV that a
+    /// preemption dropped stays pending (it is part of what the sequence holds).
+    ///
+    /// Each waiter gets the error once: prefill callers through `take_flushed`, a
+    /// generation through `take_finished`. With nobody waiting yet (a prompt or an
+    /// appended observation failed before the caller asked for it) the next call on
+    /// the sequence reports it.
+    pub(super) fn fail(&mut self, seq: SeqId, err: EngineError) {
+        let prefills = self.flushing.iter().filter(|&&q| q == seq).count();
+        self.flushing.retain(|&q| q != seq);
+        for _ in 0..prefills {
+            self.flushed.push((seq, Err(err.replicate())));
         }
-        if chosen.is_empty() {
-            if self.has_work() {
-                // Every runnable sequence waits for KV room that no running sequence
-                // will free: fail the youngest waiting sequence rather than spin.
-                let waiting = self
-                    .seqs
-                    .iter()
-                    .filter(|(_, s)| s.runnable && !s.pending.is_empty());
-                if let Some(&seq) = waiting.map(|(id, _)| id).next_back() {
-                    let tokens = self.kv.seq_len(seq)? + self.seqs[&seq].pending.len();
-                    self.fail_never_fits(seq, tokens);
-                }
-            }
-            return Ok(0);
-        }
-
-        let out = match self.model.model.forward(&batch, &mut self.kv) {
-            Ok(out) => out,
-            Err(e) => {
-                // Undo the reservations so the cache stays consistent, and fail this
-                // batch's sequences (each gets the error) instead of retrying forever.
-                let msg = format!("forward failed: {e}");
-                for &(seq, _) in &chosen {
-                    let len = self.kv.seq_len(seq)?;
-                    self.kv.truncate(seq, len)?;
-                    self.fail(seq, EngineError::Failed(msg.clone()));
-                }
-                return Ok(0);
-            }
+        let Some(s) = self.seqs.get_mut(&seq) else {
+            return;
         };
-        self.counters.steps += 1;
-        let rows: usize = chosen.iter().map(|&(_, n)| n).sum();
-        for ((seq, n), logits) in chosen.into_iter().zip(out) {
-            let fed: Vec<TokenId> = self.seqs[&seq].pending[..n].to_vec();
-            self.kv.commit(seq, &fed)?;
-            let s = self
-                .seqs
-                .get_mut(&seq)
-                .ok_or(EngineError::UnknownSequence(seq))?;
-            s.pending.drain(..n);
-            let decoded = n.min(s.sampled_pending);
-            s.sampled_pending -= decoded;
-            self.counters.decoded += decoded as u64;
-            self.counters.prefilled += (n - decoded) as u64;
-            s.usage.decoded += decoded as u64;
-            s.usage.prefilled += (n - decoded) as u64;
-            if s.pending.is_empty() {
-                if s.generating.is_none() {
-                    s.runnable = false;
-                }
-                let last = logits.rows.into_iter().last().map(Arc::new);
-                s.last_logits = last.clone();
-                if let (Some(logits), true) = (last, s.generating.is_some()) {
-                    self.sample_next(seq, &logits)?;
-                }
-            }
-        }
-        self.counters.peak_kv_bytes = self
-            .counters
-            .peak_kv_bytes
-            .max(self.kv.bytes_in_use() as u64);
-        Ok(rows)
-    }
-
-    /// Fails `seq`, which needs KV room for `tokens` positions that it cannot get.
-    fn fail_never_fits(&mut self, seq: SeqId, tokens: usize) {
-        let needed = self.kv.blocks_for_tokens(tokens);
-        let total = self.kv.num_blocks();
-        self.fail(seq, EngineError::NeverFits { seq, needed, total });
-    }
-
-    fn fail(&mut self, seq: SeqId, err: EngineError) {
-        if let Some(i) = self.flushing.iter().position(|&q| q == seq) {
-            self.flushing.remove(i);
-            self.flushed
-                .push((seq, Err(EngineError::Failed(err.to_string()))));
-        }
-        if let Some(s) = self.seqs.get_mut(&seq) {
-            s.pending.clear();
-            s.sampled_pending = 0;
-            s.runnable = false;
-            s.generating = None;
-        }
-        self.finished.push((seq, Err(err)));
-    }
-
-    /// Samples `seq`'s next token from `logits`, then either finishes the generation
-    /// or queues the token to be fed.
-    fn sample_next(&mut self, seq: SeqId, logits: &[f32]) -> Result<(), EngineError> {
-        let max_pos = self.model.model.config().max_position_embeddings;
-        let cached = self.kv.seq_len(seq)?;
-        let s = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
-        let Some(g) = s.generating.as_mut() else {
-            return Ok(());
-        };
-        if g.tokens.len() >= g.params.max_new_tokens {
-            return self.finish(seq, StopReason::MaxTokens);
-        }
-        let SampledToken { token, logprob } = sample(logits, &g.params.sampling, &mut g.rng);
-        self.counters.sampled += 1;
-        if g.params.stop_tokens.contains(&token) {
-            return self.finish(seq, StopReason::StopToken);
-        }
-        g.tokens.push(token);
-        g.logprobs.push(logprob);
-        if !g.params.stop_strings.is_empty() {
-            // A new match must end in the last token, and every token decodes to at
-            // least one byte, so decoding the last (longest stop + 1) tokens suffices:
-            // O(stop length) per sampled token instead of re-decoding the generation.
-            let longest = g
-                .params
-                .stop_strings
-                .iter()
-                .map(String::len)
-                .max()
-                .unwrap_or(0);
-            let window = &g.tokens[g.tokens.len().saturating_sub(longest + 1)..];
-            let text = self.model.tokenizer.decode(window)?;
-            let last = self.model.tokenizer.decode(&[token])?;
-            if find_stop(&text, &g.params.stop_strings, last.len()).is_some() {
-                s.push_sampled(token);
-                return self.finish(seq, StopReason::StopString);
-            }
-        }
-        let reached_max = g.tokens.len() >= g.params.max_new_tokens;
-        s.push_sampled(token);
-        if reached_max {
-            return self.finish(seq, StopReason::MaxTokens);
-        }
-        if cached + s.pending.len() >= max_pos {
-            return self.finish(seq, StopReason::ContextFull);
-        }
-        Ok(())
-    }
-
-    /// Ends `seq`'s generation. Its last sampled token stays pending: it is fed (and
-    /// its KV computed) only if the sequence continues, so nothing is computed for a
-    /// branch that ends here.
-    fn finish(&mut self, seq: SeqId, reason: StopReason) -> Result<(), EngineError> {
-        let s = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
+        s.pending.truncate(s.recompute);
+        s.sampled_pending = 0;
         s.runnable = false;
-        if let Some(g) = s.generating.take() {
-            self.finished.push((
-                seq,
-                Ok(Generation {
-                    tokens: g.tokens,
-                    logprobs: g.logprobs,
-                    stop: reason,
-                }),
-            ));
+        s.restoring = false;
+        if s.generating.take().is_some() {
+            self.finished.push((seq, Err(err)));
+        } else if prefills == 0 {
+            s.unreported = Some(err);
         }
-        Ok(())
     }
 }

@@ -19,6 +19,13 @@ pub struct EngineCounters {
     pub reused_prefix_cache: u64,
     /// Tokens a fork inherited from its parent without recomputing them.
     pub reused_fork: u64,
+    /// Rows computed again for sequences that were preempted under memory pressure
+    /// (their KV was dropped and later recomputed from their tokens).
+    #[serde(default)]
+    pub recomputed_preempted: u64,
+    /// Times a sequence's KV was dropped to make room for another's.
+    #[serde(default)]
+    pub preemptions: u64,
     /// Forward passes run.
     pub steps: u64,
     /// Most bytes of KV blocks in use at once.
@@ -28,7 +35,7 @@ pub struct EngineCounters {
 impl EngineCounters {
     /// Rows the model computed.
     pub fn computed(&self) -> u64 {
-        self.prefilled + self.decoded
+        self.prefilled + self.decoded + self.recomputed_preempted
     }
 
     /// Tokens that were needed but not computed.
@@ -50,11 +57,17 @@ pub struct SeqUsage {
     pub reused_prefix_cache: u64,
     /// Tokens it inherited from its parent when it was forked.
     pub reused_fork: u64,
+    /// Rows computed again after it (or the parent it was forked from) was preempted.
+    #[serde(default)]
+    pub recomputed_preempted: u64,
+    /// Times its KV was dropped under memory pressure.
+    #[serde(default)]
+    pub preemptions: u64,
 }
 
 impl SeqUsage {
     pub fn computed(&self) -> u64 {
-        self.prefilled + self.decoded
+        self.prefilled + self.decoded + self.recomputed_preempted
     }
 
     pub fn reused(&self) -> u64 {
@@ -67,6 +80,8 @@ impl SeqUsage {
         self.decoded += other.decoded;
         self.reused_prefix_cache += other.reused_prefix_cache;
         self.reused_fork += other.reused_fork;
+        self.recomputed_preempted += other.recomputed_preempted;
+        self.preemptions += other.preemptions;
     }
 }
 

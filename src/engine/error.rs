@@ -15,14 +15,21 @@ pub enum EngineError {
     Busy(SeqId),
     #[error("sequence {0:?} has no tokens to continue from")]
     EmptySequence(SeqId),
+    #[error("a sequence needs at least one prompt token")]
+    EmptyPrompt,
+    /// The sequence cannot fit the KV pool even with every other sequence preempted:
+    /// literally true, never a guess made under pressure.
     #[error(
-        "sequence {seq:?} needs {needed} KV blocks but the whole pool has {total}: \
-         raise the KV budget or shorten the sequence"
+        "sequence {seq:?} of {tokens} tokens needs {needed} KV blocks but the pool has \
+         {total}{}: raise the KV budget (--kv-mib) or shorten the sequence",
+        if *pinned > 0 { format!(" ({pinned} held by pins)") } else { String::new() }
     )]
     NeverFits {
         seq: SeqId,
+        tokens: usize,
         needed: usize,
         total: usize,
+        pinned: usize,
     },
     #[error("sequence {0:?} was freed before its work finished")]
     Freed(SeqId),
@@ -32,4 +39,61 @@ pub enum EngineError {
     Failed(String),
     #[error("the engine thread has stopped")]
     Stopped,
+    #[error("cannot start the engine thread")]
+    Spawn(#[source] std::io::Error),
+}
+
+impl EngineError {
+    /// The same error for a second waiter on the same work (several callers waiting
+    /// on one prefill). Every variant the scheduler reports is reproduced exactly; a
+    /// model error other than a context overflow (a failed forward: I/O-free but not
+    /// clonable) keeps its message.
+    pub fn replicate(&self) -> EngineError {
+        use EngineError::*;
+        match self {
+            Model(ModelError::ContextOverflow { tokens, max }) => {
+                Model(ModelError::ContextOverflow {
+                    tokens: *tokens,
+                    max: *max,
+                })
+            }
+            Model(other) => Failed(other.to_string()),
+            Kv(e) => Kv(e.clone()),
+            UnknownSequence(s) => UnknownSequence(*s),
+            Busy(s) => Busy(*s),
+            EmptySequence(s) => EmptySequence(*s),
+            EmptyPrompt => EmptyPrompt,
+            NeverFits {
+                seq,
+                tokens,
+                needed,
+                total,
+                pinned,
+            } => NeverFits {
+                seq: *seq,
+                tokens: *tokens,
+                needed: *needed,
+                total: *total,
+                pinned: *pinned,
+            },
+            Freed(s) => Freed(*s),
+            BadToken { token, vocab } => BadToken {
+                token: *token,
+                vocab: *vocab,
+            },
+            Failed(m) => Failed(m.clone()),
+            Stopped => Stopped,
+            Spawn(e) => Failed(format!("cannot start the engine thread: {e}")),
+        }
+    }
+
+    /// Whether this is a limit of one sequence (it cannot fit the KV pool or the
+    /// context window): the caller's other sequences are unaffected, so a rollout
+    /// records the branch as failed and goes on.
+    pub fn is_sequence_limit(&self) -> bool {
+        matches!(
+            self,
+            EngineError::NeverFits { .. } | EngineError::Model(ModelError::ContextOverflow { .. })
+        )
+    }
 }

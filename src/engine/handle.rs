@@ -33,6 +33,7 @@ enum Command {
     Tokens(SeqId, Reply<Vec<TokenId>>),
     Stats(Reply<EngineStats>),
     ClearPrefixCache(Reply<()>),
+    WaitForKvRoom(usize, Reply<()>),
 }
 
 /// A handle to the engine thread. Cloning it is cheap; the thread stops when the last
@@ -65,7 +66,7 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("treegrpo-engine".into())
             .spawn(move || run(core, rx))
-            .map_err(|e| EngineError::Model(crate::model::ModelError::KvStore(e.to_string())))?;
+            .map_err(EngineError::Spawn)?;
         Ok(Engine {
             commands: tx,
             model,
@@ -136,12 +137,32 @@ impl Engine {
     pub async fn clear_prefix_cache(&self) -> Result<(), EngineError> {
         self.call(Command::ClearPrefixCache).await
     }
+
+    /// Resolves once new work may start without adding to memory pressure: no
+    /// sequence waited for KV room or was preempted in the last step and at least
+    /// `min_available_blocks` blocks are free or evictable (or nothing runs at all).
+    /// Callers that start work of their own (prompts, branches) wait here first, so a
+    /// full pool admits less instead of preempting more.
+    pub async fn wait_for_kv_room(&self, min_available_blocks: usize) -> Result<(), EngineError> {
+        self.call(|r| Command::WaitForKvRoom(min_available_blocks, r))
+            .await
+    }
+}
+
+/// What the engine thread owes callers: replies that wait on later steps.
+#[derive(Default)]
+struct Waiters {
+    /// Generations by sequence.
+    generations: std::collections::HashMap<SeqId, Reply<Generation>>,
+    /// Prefills by sequence (several callers may wait on one).
+    prefills: std::collections::HashMap<SeqId, Vec<Reply<()>>>,
+    /// Callers waiting for KV room, with the free blocks each needs.
+    kv_room: Vec<(usize, Reply<()>)>,
 }
 
 /// The engine thread: apply commands, step while there is work, deliver results.
 fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
-    let mut waiting: std::collections::HashMap<SeqId, Reply<Generation>> = Default::default();
-    let mut flushing: std::collections::HashMap<SeqId, Vec<Reply<()>>> = Default::default();
+    let mut waiters = Waiters::default();
     loop {
         // Block for a command only when idle; otherwise take what has arrived.
         let first = if core.has_work() {
@@ -158,63 +179,59 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
         };
         let mut next = first;
         while let Some(cmd) = next {
-            apply(&mut core, cmd, &mut waiting, &mut flushing);
+            apply(&mut core, cmd, &mut waiters);
             next = rx.try_recv().ok();
         }
         if core.has_work() {
             if let Err(e) = core.step() {
-                // A failed forward fails every waiting generation: nothing is dropped
+                // A failed step fails every waiting caller: nothing is dropped
                 // silently, and the engine keeps serving.
-                let msg = e.to_string();
-                let failed = || {
-                    EngineError::Model(crate::model::ModelError::KvStore(format!(
-                        "forward failed: {msg}"
-                    )))
-                };
-                for (_, reply) in waiting.drain() {
-                    let _ = reply.send(Err(failed()));
+                let msg = format!("engine step failed: {e}");
+                for (_, reply) in waiters.generations.drain() {
+                    let _ = reply.send(Err(EngineError::Failed(msg.clone())));
                 }
-                for reply in flushing.drain().flat_map(|(_, r)| r) {
-                    let _ = reply.send(Err(failed()));
+                for reply in waiters.prefills.drain().flat_map(|(_, r)| r) {
+                    let _ = reply.send(Err(EngineError::Failed(msg.clone())));
                 }
             }
         }
         for (seq, result) in core.take_finished() {
-            if let Some(reply) = waiting.remove(&seq) {
+            if let Some(reply) = waiters.generations.remove(&seq) {
                 let _ = reply.send(result);
             }
         }
         for (seq, result) in core.take_flushed() {
-            let replies = flushing.remove(&seq).unwrap_or_default();
-            let msg = result.as_ref().err().map(|e| e.to_string());
-            for reply in replies {
-                let _ = reply.send(match &msg {
-                    None => Ok(()),
-                    Some(m) => Err(EngineError::Failed(m.clone())),
+            for reply in waiters.prefills.remove(&seq).unwrap_or_default() {
+                let _ = reply.send(match &result {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(e.replicate()),
                 });
             }
+        }
+        let (ready, still): (Vec<_>, Vec<_>) = waiters
+            .kv_room
+            .drain(..)
+            .partition(|(min, _)| core.has_kv_room(*min));
+        waiters.kv_room = still;
+        for (_, reply) in ready {
+            let _ = reply.send(Ok(()));
         }
     }
 }
 
-fn apply(
-    core: &mut EngineCore,
-    cmd: Command,
-    waiting: &mut std::collections::HashMap<SeqId, Reply<Generation>>,
-    flushing: &mut std::collections::HashMap<SeqId, Vec<Reply<()>>>,
-) {
+fn apply(core: &mut EngineCore, cmd: Command, waiters: &mut Waiters) {
     match cmd {
         Command::Add(prompt, r) => drop(r.send(core.add_sequence(&prompt))),
         Command::Fork(seq, r) => drop(r.send(core.fork(seq))),
         Command::Append(seq, tokens, r) => drop(r.send(core.append(seq, &tokens))),
         Command::Generate(seq, params, r) => match core.generate(seq, params) {
             Ok(()) => {
-                waiting.insert(seq, r);
+                waiters.generations.insert(seq, r);
             }
             Err(e) => drop(r.send(Err(e))),
         },
         Command::Prefill(seq, r) => match core.prefill(seq) {
-            Ok(()) => flushing.entry(seq).or_default().push(r),
+            Ok(()) => waiters.prefills.entry(seq).or_default().push(r),
             Err(e) => drop(r.send(Err(e))),
         },
         Command::Free(seq, r) => drop(r.send(core.free(seq))),
@@ -226,6 +243,7 @@ fn apply(
             core.clear_prefix_cache();
             drop(r.send(Ok(())));
         }
+        Command::WaitForKvRoom(min, r) => waiters.kv_room.push((min, r)),
     }
     // A generation that finished at once (its first sample was a stop) is delivered
     // by the caller loop through `take_finished`.

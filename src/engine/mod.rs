@@ -2,6 +2,10 @@
 //!
 //! - [`core`]: [`EngineCore`], sequences over the paged KV cache advanced together one
 //!   ragged batch per step (fork, append, generate, pin, free; counters).
+//! - `schedule`: one step — admission under the token, sequence and KV limits, the
+//!   forward, and what its rows mean for each sequence.
+//! - `preempt`: preemption by recompute under memory pressure (victims, restore).
+//! - `finish`: sampling a generation's next token and its stop conditions.
 //! - [`handle`]: [`Engine`], the core on its own thread behind an async API.
 //! - [`stop`]: generation parameters and stop conditions.
 //! - [`counters`]: every computed row counted once (prefilled, decoded, reused).
@@ -12,10 +16,13 @@
 pub mod core;
 pub mod counters;
 pub mod error;
+mod finish;
 pub mod generate;
 pub mod handle;
+mod preempt;
 pub mod rng;
 pub mod sampling;
+mod schedule;
 pub mod stop;
 
 pub use self::core::{EngineConfig, EngineCore, Generation};

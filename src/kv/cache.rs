@@ -41,6 +41,8 @@ use super::segment::{Segment, SegmentId, Segments};
 use super::table::{blocks_for, BlockTable};
 use crate::model::{ModelConfig, TokenId};
 
+mod preempt;
+
 /// A table with what the prefix index needs to know about its tokens. Sequences and
 /// pins are both this: a chain of frozen segments (blocks `0..frozen_blocks`) and the
 /// table's own part after it.
@@ -597,18 +599,10 @@ impl KvCache {
     /// all cached comes back one token short), since the next token's logits need a
     /// forward; that last token's block is then copied on write.
     pub fn start_sequence(&mut self, prompt: &[TokenId]) -> (SeqId, usize) {
-        let (blocks, hashes) = self.index.lookup(prompt);
-        for &b in &blocks {
-            self.retain_block(b);
-        }
-        let matched = blocks.len() * self.block_size();
-        let seq = self.insert_seq(Prefix {
-            blocks,
-            tokens: prompt[..matched].to_vec(),
-            hashes,
-            len: matched,
-            ..Prefix::empty(self.epoch)
-        });
+        let seq = self.new_sequence();
+        let matched = self
+            .adopt_cached_prefix(seq, prompt)
+            .expect("a new sequence is empty");
         if matched > 0 && matched == prompt.len() {
             self.truncate(seq, matched - 1)
                 .expect("a shorter length of a live sequence");

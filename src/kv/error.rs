@@ -19,6 +19,9 @@ pub enum KvError {
     UnknownSequence(SeqId),
     #[error("unknown {0}")]
     UnknownPin(PinId),
+    /// Cached blocks can be adopted only by a sequence that holds none yet.
+    #[error("{0} already holds KV blocks")]
+    NotEmpty(SeqId),
     /// A truncate or pin asked for more tokens than the sequence holds.
     #[error("{seq}: length {requested} is beyond its {len} tokens")]
     BeyondLength {

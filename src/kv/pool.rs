@@ -65,13 +65,29 @@ impl fmt::Debug for BlockPool {
     }
 }
 
+/// A zeroed buffer of `floats` f32s, or [`KvError::Alloc`]. The memory comes from
+/// `alloc_zeroed` (fresh zero pages from the OS for a buffer this large), so a pool
+/// costs physical memory only as its blocks are first written: a pool sized
+/// generously from the machine's memory is cheap until it is used.
 fn alloc_zeroed(floats: usize) -> Result<Vec<f32>, KvError> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(floats).map_err(|_| KvError::Alloc {
+    let err = || KvError::Alloc {
         bytes: floats.saturating_mul(4),
-    })?;
-    v.resize(floats, 0.0);
-    Ok(v)
+    };
+    if floats == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(floats).map_err(|_| err())?;
+    // SAFETY: the layout has a non-zero size; a null return is an allocation failure,
+    // handled. A non-null pointer is a zeroed allocation of `floats` f32s from the
+    // global allocator with f32's alignment — exactly what `Vec<f32>` with capacity
+    // and length `floats` owns and frees — and all-zero bytes are a valid 0.0f32.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout) as *mut f32;
+        if ptr.is_null() {
+            return Err(err());
+        }
+        Ok(Vec::from_raw_parts(ptr, floats, floats))
+    }
 }
 
 impl BlockPool {

@@ -29,7 +29,7 @@ pub use forest::{Node, Tree};
 pub use run::{
     run_rollout, ForestSummary, Interrupt, Output, Progress, RunOptions, RunSummary, TokenSummary,
 };
-pub use sampler::{ForestCost, TreeConfig};
+pub use sampler::{FailedBranch, ForestCost, TreeConfig};
 pub use select::Selection;
 pub use trajectory::Trajectory;
 pub use view::{read_forest, render_forest_html};

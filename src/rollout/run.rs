@@ -25,7 +25,14 @@ use crate::model::TokenId;
 use super::error::RolloutError;
 use super::export::{score_forest, TrajectoryRecord};
 use super::forest::Tree;
-use super::sampler::{sample_prompt_forest, Forest, ForestCost, SamplerContext, TreeConfig};
+use super::sampler::{
+    sample_prompt_forest, FailedBranch, Forest, ForestCost, SamplerContext, TreeConfig,
+};
+
+/// A new prompt starts only while at least 1/this of the KV pool is free or
+/// evictable (and nothing waits for room): under memory pressure the run finishes
+/// the forests it has before it starts more, instead of preempting more.
+const PROMPT_ROOM_FRACTION: usize = 8;
 
 /// Token figures of a run or of one forest.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -43,6 +50,11 @@ pub struct TokenSummary {
     pub reused_prefix_cache: u64,
     /// Tokens computed again because a prefix was re-sent (`prefix_reuse` off).
     pub recomputed: u64,
+    /// Tokens computed again because their KV was dropped under memory pressure
+    /// (preemption); the trajectories are the same as without it.
+    pub recomputed_preempted: u64,
+    /// Times a sequence's KV was dropped under memory pressure.
+    pub preemptions: u64,
     /// Everything the model computed.
     pub computed: u64,
 }
@@ -60,8 +72,23 @@ impl TokenSummary {
             reused: u.reused(),
             reused_prefix_cache: u.reused_prefix_cache,
             recomputed: c.recomputed,
+            recomputed_preempted: u.recomputed_preempted,
+            preemptions: u.preemptions,
             computed: u.computed(),
         }
+    }
+
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &TokenSummary) {
+        self.prompt_prefilled += other.prompt_prefilled;
+        self.observation_prefilled += other.observation_prefilled;
+        self.decoded += other.decoded;
+        self.reused += other.reused;
+        self.reused_prefix_cache += other.reused_prefix_cache;
+        self.recomputed += other.recomputed;
+        self.recomputed_preempted += other.recomputed_preempted;
+        self.preemptions += other.preemptions;
+        self.computed += other.computed;
     }
 }
 
@@ -77,6 +104,8 @@ pub struct ForestSummary {
     pub tool_calls: u64,
     /// Branches not started because the token budget was spent.
     pub skipped_branches: u64,
+    /// Branches that could not fit the KV pool or the context window.
+    pub failed_branches: Vec<FailedBranch>,
     pub wall_seconds: f64,
 }
 
@@ -93,8 +122,12 @@ pub struct RunSummary {
     pub tokens: TokenSummary,
     pub tokens_computed_per_rollout: f64,
     pub tool_calls: u64,
+    /// Branches that failed (each listed in its forest's `failed_branches`).
+    pub failed_branches: usize,
     pub wall_seconds: f64,
     pub peak_kv_bytes: u64,
+    /// The KV pool's size in bytes.
+    pub kv_pool_bytes: u64,
     pub config: TreeConfig,
     pub advantage: AdvantageMode,
     pub token_budget: Option<u64>,
@@ -234,6 +267,7 @@ pub async fn run_rollout(
         token_budget: options.token_budget,
         computed_at_start: before.computed(),
         budget_spent: AtomicBool::new(false),
+        prompt_room_blocks: stats.kv.num_blocks / PROMPT_ROOM_FRACTION,
     });
     let n = samples.len();
     let permits = Arc::new(Semaphore::new(match options.max_concurrent_prompts {
@@ -321,6 +355,7 @@ pub async fn run_rollout(
         &all,
         n,
         &after,
+        (stats.kv.num_blocks * stats.kv.bytes_per_block) as u64,
         t0.elapsed().as_secs_f64(),
         &options,
         interrupted,
@@ -397,6 +432,7 @@ fn forest_summary(
         tokens: TokenSummary::from_cost(&forest.cost),
         tool_calls: forest.cost.tool_calls,
         skipped_branches: forest.cost.skipped_branches,
+        failed_branches: forest.failed.clone(),
         wall_seconds: forest.wall_seconds,
     }
 }
@@ -409,20 +445,14 @@ fn summarize(
     records: &[TrajectoryRecord],
     prompts: usize,
     after: &EngineCounters,
+    kv_pool_bytes: u64,
     wall_seconds: f64,
     options: &RunOptions,
     interrupted: bool,
 ) -> RunSummary {
     let mut tokens = shared_prefix;
     for f in &forests {
-        let t = &f.tokens;
-        tokens.prompt_prefilled += t.prompt_prefilled;
-        tokens.observation_prefilled += t.observation_prefilled;
-        tokens.decoded += t.decoded;
-        tokens.reused += t.reused;
-        tokens.reused_prefix_cache += t.reused_prefix_cache;
-        tokens.recomputed += t.recomputed;
-        tokens.computed += t.computed;
+        tokens.add(&f.tokens);
     }
     let rollouts = records.len();
     RunSummary {
@@ -437,8 +467,10 @@ fn summarize(
             tokens.computed as f64 / rollouts as f64
         },
         tool_calls: forests.iter().map(|f| f.tool_calls).sum(),
+        failed_branches: forests.iter().map(|f| f.failed_branches.len()).sum(),
         wall_seconds,
         peak_kv_bytes: after.peak_kv_bytes,
+        kv_pool_bytes,
         config: ctx.config.clone(),
         advantage: options.advantage,
         token_budget: options.token_budget,

@@ -93,12 +93,37 @@ impl ForestCost {
     }
 }
 
-/// A finished forest: its trees and what it cost.
+/// A branch that could not be grown because one of its sequences cannot fit the KV
+/// pool or the context window. The steps it had grown reach no leaf, so they are left
+/// out of the tree; the failure is recorded here (and in `summary.json`) instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedBranch {
+    /// The tree it grew in; `None` when the prompt itself could not be computed.
+    pub tree: Option<usize>,
+    /// Its branch id within the tree (the seed's branch part).
+    pub branch: u64,
+    /// The node it started from.
+    pub start_node: usize,
+    /// Agent steps it had completed when it failed.
+    pub steps_done: usize,
+    pub error: String,
+}
+
+/// A finished forest: its trees, the branches that failed, and what it cost.
 #[derive(Debug)]
 pub struct Forest {
     pub trees: Vec<Tree>,
+    pub failed: Vec<FailedBranch>,
     pub cost: ForestCost,
     pub wall_seconds: f64,
+}
+
+/// What growing one branch came to.
+struct BranchOutcome {
+    grown: Vec<Grown>,
+    cost: ForestCost,
+    /// Steps completed and the error, when a sequence limit stopped the branch.
+    failure: Option<(usize, String)>,
 }
 
 /// A step node as grown, plus what is needed to branch from it later.
@@ -126,6 +151,9 @@ pub struct SamplerContext {
     pub computed_at_start: u64,
     /// Set once the budget is found spent; then no new branch starts anywhere.
     pub budget_spent: AtomicBool,
+    /// KV blocks that must be free or evictable before a new prompt starts: under
+    /// memory pressure the run finishes the forests it has before starting more.
+    pub prompt_room_blocks: usize,
 }
 
 impl SamplerContext {
@@ -158,22 +186,35 @@ pub async fn sample_prompt_forest(
     let uid = sample.id.to_string();
     let mut trees: Vec<Tree> = (0..cfg.trees).map(|t| Tree::new(uid.clone(), t)).collect();
     let mut cost = ForestCost::default();
+    let empty = |cost, failed, t0: Instant| Forest {
+        trees: Vec::new(),
+        failed,
+        cost,
+        wall_seconds: t0.elapsed().as_secs_f64(),
+    };
     if !ctx.may_start().await? {
         cost.skipped_branches += cfg.trees as u64;
-        return Ok(Forest {
-            trees: Vec::new(),
-            cost,
-            wall_seconds: t0.elapsed().as_secs_f64(),
-        });
+        return Ok(empty(cost, Vec::new(), t0));
     }
+    ctx.engine.wait_for_kv_room(ctx.prompt_room_blocks).await?;
     let episode = ctx.env.start(&sample);
     let prompt_ids = ctx.engine.model().chat_prompt(episode.prompt())?;
     // The prompt, prefilled once: every tree forks from it. Without prefix reuse each
     // chain sends the prompt itself, so no shared root is computed.
     let root = if cfg.prefix_reuse {
-        let root = ctx.engine.add_sequence(prompt_ids.clone()).await?;
-        ctx.engine.prefill(root).await?;
-        Some(root)
+        match prefill_root(&ctx.engine, &prompt_ids, &mut cost).await? {
+            Ok(root) => Some(root),
+            Err(error) => {
+                let failed = FailedBranch {
+                    tree: None,
+                    branch: 0,
+                    start_node: 0,
+                    steps_done: 0,
+                    error,
+                };
+                return Ok(empty(cost, vec![failed], t0));
+            }
+        }
     } else {
         None
     };
@@ -190,6 +231,7 @@ pub async fn sample_prompt_forest(
         })
         .collect();
     let mut branch_counter = vec![0u64; cfg.trees];
+    let mut failed = Vec::new();
 
     // Round 0: one chain per tree; rounds 1..=L: N branches per tree.
     let grown = async {
@@ -217,6 +259,7 @@ pub async fn sample_prompt_forest(
                         cost.skipped_branches += 1;
                         continue;
                     }
+                    ctx.engine.wait_for_kv_room(0).await?;
                     let rt = &runtime[t][&start];
                     let snapshot = rt.snapshot;
                     let ep = rt.episode.clone();
@@ -241,9 +284,18 @@ pub async fn sample_prompt_forest(
             while let Some(joined) = jobs.join_next().await {
                 let (t, branch, start, grown) =
                     joined.map_err(|e| RolloutError::Task(format!("branch task failed: {e}")))?;
-                let (chain, branch_cost) = grown?;
-                cost.add(&branch_cost);
-                results.push((t, branch, start, chain));
+                let outcome = grown?;
+                cost.add(&outcome.cost);
+                match outcome.failure {
+                    None => results.push((t, branch, start, outcome.grown)),
+                    Some((steps_done, error)) => failed.push(FailedBranch {
+                        tree: Some(t),
+                        branch,
+                        start_node: start,
+                        steps_done,
+                        error,
+                    }),
+                }
             }
             // Insert in a fixed order so node ids do not depend on task timing.
             results.sort_by_key(|&(t, branch, _, _)| (t, branch));
@@ -280,7 +332,7 @@ pub async fn sample_prompt_forest(
                 if Some(s) == root {
                     cost.usage.add(&usage);
                 } else {
-                    debug_assert_eq!(usage.computed(), 0, "a snapshot computed tokens");
+                    add_snapshot_usage(&mut cost, &usage);
                 }
             }
         }
@@ -295,11 +347,46 @@ pub async fn sample_prompt_forest(
             keep_leaves(tree, k, &mut rng);
         }
     }
+    failed.sort_by_key(|f| (f.tree, f.branch));
     Ok(Forest {
         trees,
+        failed,
         cost,
         wall_seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// Adds a freed snapshot's usage to a forest's cost. A snapshot only holds a prefix
+/// for later branches: it computes nothing (a fork of it does the computing, even a
+/// recompute after it was preempted), but its preemptions are counted.
+fn add_snapshot_usage(cost: &mut ForestCost, usage: &SeqUsage) {
+    debug_assert_eq!(usage.computed(), 0, "a snapshot computed tokens");
+    cost.usage.preemptions += usage.preemptions;
+}
+
+/// Adds and prefills the prompt every tree forks from. `Ok(Err(message))` when the
+/// prompt itself cannot fit the KV pool or the context window.
+async fn prefill_root(
+    engine: &Engine,
+    prompt_ids: &[TokenId],
+    cost: &mut ForestCost,
+) -> Result<Result<SeqId, String>, RolloutError> {
+    let root = match engine.add_sequence(prompt_ids.to_vec()).await {
+        Ok(root) => root,
+        Err(e) if e.is_sequence_limit() => return Ok(Err(e.to_string())),
+        Err(e) => return Err(e.into()),
+    };
+    match engine.prefill(root).await {
+        Ok(()) => Ok(Ok(root)),
+        Err(e) => {
+            cost.usage.add(&engine.free(root).await?);
+            if e.is_sequence_limit() {
+                Ok(Err(e.to_string()))
+            } else {
+                Err(e.into())
+            }
+        }
+    }
 }
 
 /// Prompt plus every token on the path to `node` (model and observation tokens).
@@ -322,18 +409,28 @@ async fn grow_branch(
     mut episode: Episode,
     start_depth: usize,
     seed: Vec<u64>,
-) -> Result<(Vec<Grown>, ForestCost), RolloutError> {
+) -> Result<BranchOutcome, RolloutError> {
     let engine = &ctx.engine;
     let mut cost = ForestCost::default();
     let model = engine.model().clone();
     let seq = match (&prefix, snapshot) {
-        (Some(tokens), _) => {
-            // Reference behaviour: the whole prefix is sent again and recomputed.
-            if resent {
-                cost.recomputed += tokens.len() as u64;
+        // Reference behaviour: the whole prefix is sent again and recomputed.
+        (Some(tokens), _) => match engine.add_sequence(tokens.clone()).await {
+            Ok(seq) => {
+                if resent {
+                    cost.recomputed += tokens.len() as u64;
+                }
+                seq
             }
-            engine.add_sequence(tokens.clone()).await?
-        }
+            Err(e) if e.is_sequence_limit() => {
+                return Ok(BranchOutcome {
+                    grown: Vec::new(),
+                    cost,
+                    failure: Some((0, e.to_string())),
+                })
+            }
+            Err(e) => return Err(e.into()),
+        },
         (None, Some(s)) => engine.fork(s).await?,
         (None, None) => {
             return Err(RolloutError::Engine(
@@ -407,8 +504,27 @@ async fn grow_branch(
     .await;
     let usage = engine.free(seq).await?;
     cost.usage.add(&usage);
-    result?;
-    Ok((out, cost))
+    match result {
+        Ok(()) => Ok(BranchOutcome {
+            grown: out,
+            cost,
+            failure: None,
+        }),
+        // One sequence of this branch cannot fit: the branch fails, the run goes on.
+        Err(RolloutError::Engine(e)) if e.is_sequence_limit() => {
+            for g in &out {
+                if let Some(s) = g.snapshot {
+                    add_snapshot_usage(&mut cost, &engine.free(s).await?);
+                }
+            }
+            Ok(BranchOutcome {
+                grown: Vec::new(),
+                cost,
+                failure: Some((out.len(), e.to_string())),
+            })
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Keeps `k` leaves chosen at random and drops nodes left without a leaf below.

@@ -343,8 +343,18 @@ impl TinyModel {
 
     /// Writes the GGUF the way llama.cpp's converter would (llama: Q/K permuted).
     pub fn write_gguf(&self, path: &Path) {
+        self.write_gguf_quantized(path, GgmlDType::F32);
+    }
+
+    /// The same with its matrices quantised to `dtype`.
+    pub fn write_gguf_quantized(&self, path: &Path, dtype: GgmlDType) {
         let permute = self.flavour == Flavour::Llama;
-        write_gguf(path, &self.gguf_metadata(), &self.gguf_tensors(permute));
+        write_gguf_as(
+            path,
+            &self.gguf_metadata(),
+            &self.gguf_tensors(permute),
+            dtype,
+        );
     }
 }
 
@@ -387,9 +397,25 @@ pub fn permute_qk(w: &Tensor, n_head: usize) -> Tensor {
 
 /// Writes a GGUF file with f32 tensors.
 pub fn write_gguf(path: &Path, metadata: &[(String, Value)], tensors: &[(String, Tensor)]) {
+    write_gguf_as(path, metadata, tensors, GgmlDType::F32);
+}
+
+/// Writes a GGUF file with every matrix whose rows are whole 32-value blocks in
+/// `dtype` (e.g. Q8_0, so the model runs on our batch-invariant quantised kernel) and
+/// the rest (norms) in f32.
+pub fn write_gguf_as(
+    path: &Path,
+    metadata: &[(String, Value)],
+    tensors: &[(String, Tensor)],
+    dtype: GgmlDType,
+) {
     let q: Vec<(String, QTensor)> = tensors
         .iter()
-        .map(|(n, t)| (n.clone(), QTensor::quantize(t, GgmlDType::F32).unwrap()))
+        .map(|(n, t)| {
+            let blocks = t.dims().len() == 2 && t.dims()[1] % 32 == 0;
+            let d = if blocks { dtype } else { GgmlDType::F32 };
+            (n.clone(), QTensor::quantize(t, d).unwrap())
+        })
         .collect();
     let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let ts: Vec<(&str, &QTensor)> = q.iter().map(|(n, t)| (n.as_str(), t)).collect();
