@@ -87,7 +87,7 @@ fn an_interrupted_rollout_keeps_every_finished_tree() {
         .args([
             "rollout",
             "--prompts",
-            "6",
+            "40",
             "--concurrent-prompts",
             "1",
             "--max-step-tokens",
@@ -101,8 +101,8 @@ fn an_interrupted_rollout_keeps_every_finished_tree() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    // Wait for the first finished forest, then interrupt (one prompt at a time, so the
-    // other five are still to come).
+    // Wait for the first finished forest, then interrupt (one prompt at a time, so
+    // dozens are still to come however late the signal lands).
     let traj = out.join("trajectories.jsonl");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
     while std::fs::metadata(&traj).map(|m| m.len()).unwrap_or(0) == 0 {
@@ -126,7 +126,7 @@ fn an_interrupted_rollout_keeps_every_finished_tree() {
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["interrupted"], true);
     let finished = summary["prompts_finished"].as_u64().unwrap() as usize;
-    assert!((1..6).contains(&finished), "{finished} prompts finished");
+    assert!((1..40).contains(&finished), "{finished} prompts finished");
     // Every line is whole JSON; every finished forest's trees and leaves are there.
     let lines = |f: &str| -> Vec<serde_json::Value> {
         let text = std::fs::read_to_string(out.join(f)).unwrap();

@@ -208,7 +208,17 @@ fn store_past_the_reservation_is_an_error() {
     let mut c = cache(4, 4);
     let s = c.new_sequence();
     let err = write(&mut c, s, &[1], 1).unwrap_err();
-    assert!(matches!(err, ModelError::KvStore(_)), "{err}");
+    // The cache's own error travels as the source, typed.
+    let ModelError::KvStore(source) = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        matches!(
+            source.downcast_ref::<treegrpo::kv::KvError>(),
+            Some(treegrpo::kv::KvError::BeyondCapacity { .. })
+        ),
+        "{err}"
+    );
     c.reserve(s, 3).unwrap();
     write(&mut c, s, &[1, 2, 3, 4], 1).expect("the block holds 4 rows");
     assert!(c

@@ -28,9 +28,18 @@ const PROMPTS: [&str; 3] = [
 ];
 const TOLERANCE: f32 = 1e-3;
 
+/// Sets `CANDLE_DEQUANTIZE_ALL` once for this test binary. Changing the environment
+/// while another thread reads it is a data race, so every test calls this first,
+/// before it starts anything that could read the environment; the `Once` makes the
+/// other test wait until the one write is done.
+fn dequantize_all_in_candle() {
+    static SET: std::sync::Once = std::sync::Once::new();
+    SET.call_once(|| std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1"));
+}
+
 fn candle_model(path: &std::path::Path) -> ModelWeights {
-    // Read per thread when candle first builds a QMatMul on it; set before loading.
-    std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
+    // Read when candle first builds a QMatMul; set (once) before loading.
+    dequantize_all_in_candle();
     let mut file = std::fs::File::open(path).unwrap();
     let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
     ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap()
@@ -69,6 +78,7 @@ fn our_logits(m: &LoadedModel, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 #[test]
 fn logits_match_candle_transformers_at_every_position() {
+    dequantize_all_in_candle();
     let path = common::default_model();
     let ours = LoadedModel::load(&path).unwrap();
     for prompt in PROMPTS {
@@ -102,6 +112,7 @@ fn logits_match_candle_transformers_at_every_position() {
 
 #[test]
 fn greedy_continuations_match_candle_transformers() {
+    dequantize_all_in_candle();
     let path = common::default_model();
     let ours = LoadedModel::load(&path).unwrap();
     for prompt in PROMPTS {

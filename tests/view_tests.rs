@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use treegrpo::env::{Action, InvalidReason};
-use treegrpo::rollout::{read_forest, render_forest_html, Node, RolloutError, Tree};
+use treegrpo::rollout::{read_forest, Node, RolloutError, Tree};
+use treegrpo::view::render_forest_html;
 
 const NASTY: &str = "<script>alert(\"x&y\")</script>'";
 const NASTY_ESCAPED: &str = "&lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script&gt;&#39;";

@@ -11,14 +11,15 @@ use treegrpo::bench::{
     BenchReport, BenchSettings, DecodeSpeed,
 };
 use treegrpo::engine::Sampling;
-use treegrpo::env::{EnvConfig, Task};
+use treegrpo::env::{EnvConfig, Task, TaskData};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Built-in task: search-qa or calc.
     #[arg(long, default_value = "search-qa")]
     pub task: Task,
-    /// Data folder (default: the task's committed data).
+    /// Data folder of your own (default: the task's committed data, built into the
+    /// binary).
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// A .gguf file or an HF directory (default: the default model).
@@ -70,7 +71,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         None => treegrpo::model::fetch::ensure_default_model(&mut |msg| eprintln!("{msg}"))?,
     };
     let model = Arc::new(treegrpo::model::LoadedModel::load(&model_path)?);
-    let data = a.data.clone().unwrap_or_else(|| a.task.default_data());
+    let data = TaskData::from_option(a.data.clone());
     let env_cfg = EnvConfig {
         max_turns: a.turns,
         ..EnvConfig::default()

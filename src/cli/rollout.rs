@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::engine::{Engine, EngineConfig, Sampling};
-use treegrpo::env::{EnvConfig, Task};
+use treegrpo::env::{EnvConfig, Task, TaskData};
 use treegrpo::rollout::{
     run_rollout, Interrupt, Output, RunOptions, RunSummary, Selection, TreeConfig,
 };
@@ -17,7 +17,8 @@ pub struct RolloutArgs {
     /// Built-in task: search-qa (multi-hop QA, BM25 search tool) or calc (calculator).
     #[arg(long, default_value = "search-qa")]
     pub task: Task,
-    /// Data folder (search-qa: corpus.jsonl + train.jsonl; calc: train.jsonl).
+    /// Data folder of your own (search-qa: corpus.jsonl + train.jsonl; calc:
+    /// train.jsonl); default: the task's committed data, built into the binary.
     #[arg(long)]
     pub data: Option<PathBuf>,
     /// A .gguf file or an HF directory (default: the default model).
@@ -112,7 +113,7 @@ pub async fn execute(
     out: Option<Output>,
     interrupt: Option<Interrupt>,
 ) -> anyhow::Result<RunSummary> {
-    let data = a.data.clone().unwrap_or_else(|| a.task.default_data());
+    let data = TaskData::from_option(a.data.clone());
     let env_cfg = EnvConfig {
         max_turns: a.turns,
         ..EnvConfig::default()

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use treegrpo::rollout::{read_forest, render_forest_html};
+use treegrpo::rollout::read_forest;
+use treegrpo::view::render_forest_html;
 
 #[derive(Debug, Args)]
 pub struct ViewArgs {

@@ -1,5 +1,7 @@
 //! The engine layer's error type.
 
+use std::sync::Arc;
+
 use crate::kv::{KvError, SeqId};
 use crate::model::ModelError;
 
@@ -35,6 +37,14 @@ pub enum EngineError {
     Freed(SeqId),
     #[error("token id {token} is outside the model's vocabulary of {vocab}")]
     BadToken { token: u32, vocab: usize },
+    /// The forward of a batch failed; every sequence of the batch gets the same
+    /// cause (shared, so each waiter receives it whole).
+    #[error("forward failed")]
+    Forward(#[source] Arc<ModelError>),
+    /// An engine step failed outside the forward (a KV-cache invariant broke); every
+    /// waiting caller gets it.
+    #[error("engine step failed")]
+    Step(#[source] Arc<EngineError>),
     #[error("{0}")]
     Failed(String),
     #[error("the engine thread has stopped")]
@@ -81,6 +91,8 @@ impl EngineError {
                 token: *token,
                 vocab: *vocab,
             },
+            Forward(e) => Forward(e.clone()),
+            Step(e) => Step(e.clone()),
             Failed(m) => Failed(m.clone()),
             Stopped => Stopped,
             Spawn(e) => Failed(format!("cannot start the engine thread: {e}")),

@@ -186,12 +186,12 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
             if let Err(e) = core.step() {
                 // A failed step fails every waiting caller: nothing is dropped
                 // silently, and the engine keeps serving.
-                let msg = format!("engine step failed: {e}");
+                let cause = Arc::new(e);
                 for (_, reply) in waiters.generations.drain() {
-                    let _ = reply.send(Err(EngineError::Failed(msg.clone())));
+                    let _ = reply.send(Err(EngineError::Step(cause.clone())));
                 }
                 for reply in waiters.prefills.drain().flat_map(|(_, r)| r) {
-                    let _ = reply.send(Err(EngineError::Failed(msg.clone())));
+                    let _ = reply.send(Err(EngineError::Step(cause.clone())));
                 }
             }
         }

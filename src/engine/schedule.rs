@@ -170,11 +170,11 @@ impl EngineCore {
             Err(e) => {
                 // Undo the reservations so the cache stays consistent, and fail this
                 // batch's sequences (each gets the error) instead of retrying forever.
-                let msg = format!("forward failed: {e}");
+                let cause = std::sync::Arc::new(e);
                 for &(seq, _) in &plan.chosen {
                     let len = self.kv.seq_len(seq)?;
                     self.kv.truncate(seq, len)?;
-                    self.fail(seq, EngineError::Failed(msg.clone()));
+                    self.fail(seq, EngineError::Forward(cause.clone()));
                 }
                 return Ok(0);
             }

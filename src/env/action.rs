@@ -66,6 +66,12 @@ impl Action {
         }
     }
 
+    /// Whether the action calls a tool (whose result becomes an observation). A new
+    /// tool is added here, with its variant, and nowhere else.
+    pub fn is_tool_call(&self) -> bool {
+        matches!(self, Action::Search(_) | Action::Calc(_))
+    }
+
     /// The trimmed content of a valid action.
     pub fn content(&self) -> Option<&str> {
         match self {

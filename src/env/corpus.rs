@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::env::error::EnvError;
 use crate::env::ids::DocId;
-use crate::env::jsonl::{read_jsonl_lines, write_jsonl};
+use crate::env::jsonl::{parse_jsonl_lines, read_jsonl_lines, write_jsonl};
 
 /// One corpus line as stored on disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,7 +82,15 @@ impl Corpus {
 
     /// Loads `corpus.jsonl`.
     pub fn load_jsonl(path: &Path) -> Result<Self, EnvError> {
-        let records: Vec<(usize, CorpusRecord)> = read_jsonl_lines(path)?;
+        Self::from_records(read_jsonl_lines(path)?, path)
+    }
+
+    /// Parses the text of a `corpus.jsonl` that came from `path`.
+    pub fn parse_jsonl(text: &str, path: &Path) -> Result<Self, EnvError> {
+        Self::from_records(parse_jsonl_lines(text, path)?, path)
+    }
+
+    fn from_records(records: Vec<(usize, CorpusRecord)>, path: &Path) -> Result<Self, EnvError> {
         let mut docs = Vec::with_capacity(records.len());
         let mut by_id = HashMap::with_capacity(records.len());
         for (line, record) in records {

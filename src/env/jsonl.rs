@@ -26,6 +26,15 @@ pub fn read_jsonl_lines<T: DeserializeOwned>(path: &Path) -> Result<Vec<(usize, 
         path: path.to_owned(),
         source,
     })?;
+    parse_jsonl_lines(&text, path)
+}
+
+/// Parses JSONL `text` that came from `path` (named in errors; for data embedded in
+/// the binary, the file it was embedded from).
+pub fn parse_jsonl_lines<T: DeserializeOwned>(
+    text: &str,
+    path: &Path,
+) -> Result<Vec<(usize, T)>, EnvError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

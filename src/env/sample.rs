@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::env::error::EnvError;
 use crate::env::ids::{DocId, SampleId};
-use crate::env::jsonl::{read_jsonl_lines, write_jsonl};
+use crate::env::jsonl::{parse_jsonl_lines, read_jsonl_lines, write_jsonl};
 
 /// One question (or arithmetic problem) with its accepted answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,7 +46,19 @@ impl QaSample {
 /// golden answer is rejected: it could never be rewarded, so it is a data
 /// bug, not a hard question.
 pub fn load_samples(path: &Path) -> Result<Vec<QaSample>, EnvError> {
-    let samples: Vec<(usize, QaSample)> = read_jsonl_lines(path)?;
+    checked_samples(read_jsonl_lines(path)?, path)
+}
+
+/// Parses the text of a questions file that came from `path` (checked as
+/// [`load_samples`] checks it).
+pub fn parse_samples(text: &str, path: &Path) -> Result<Vec<QaSample>, EnvError> {
+    checked_samples(parse_jsonl_lines(text, path)?, path)
+}
+
+fn checked_samples(
+    samples: Vec<(usize, QaSample)>,
+    path: &Path,
+) -> Result<Vec<QaSample>, EnvError> {
     for (line, s) in &samples {
         let bad = |reason: &str| EnvError::BadRecord {
             path: path.to_owned(),

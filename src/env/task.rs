@@ -1,5 +1,6 @@
-//! The built-in tasks by name: where their committed data lives, how to build their
-//! environment and load their prompts. The CLI's `--task` and the benchmark use this.
+//! The built-in tasks by name: their data (committed with the crate and embedded in
+//! the binary, or a folder of the user's), how to build their environment and load
+//! their prompts. The CLI's `--task` and the benchmark use this.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -7,10 +8,11 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::calc::CalcEnv;
+use super::corpus::Corpus;
 use super::environment::Environment;
 use super::error::EnvError;
 use super::protocol::EnvConfig;
-use super::sample::{load_samples, QaSample};
+use super::sample::{parse_samples, QaSample};
 use super::search_qa::SearchQaEnv;
 use super::DEFAULT_TOP_K;
 
@@ -35,35 +37,89 @@ impl std::str::FromStr for Task {
     }
 }
 
+/// Where a task's data comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TaskData {
+    /// The data committed with the crate, compiled into the binary (under 1 MB), so
+    /// an installed `treegrpo` works from any folder.
+    Embedded,
+    /// A folder of the user's own in the task's layout (`--data DIR`).
+    Dir(PathBuf),
+}
+
+impl TaskData {
+    /// `--data DIR` if given, else the embedded data.
+    pub fn from_option(dir: Option<PathBuf>) -> Self {
+        dir.map_or(TaskData::Embedded, TaskData::Dir)
+    }
+}
+
+/// The committed data files, by task folder and file name.
+fn embedded(folder: &str, file: &str) -> Option<&'static str> {
+    Some(match (folder, file) {
+        ("multihop", "corpus.jsonl") => include_str!("../../data/multihop/corpus.jsonl"),
+        ("multihop", "train.jsonl") => include_str!("../../data/multihop/train.jsonl"),
+        ("multihop", "test.jsonl") => include_str!("../../data/multihop/test.jsonl"),
+        ("calc", "train.jsonl") => include_str!("../../data/calc/train.jsonl"),
+        ("calc", "test.jsonl") => include_str!("../../data/calc/test.jsonl"),
+        _ => return None,
+    })
+}
+
 impl Task {
-    /// The data committed with the crate (`data/multihop`, `data/calc`).
-    pub fn default_data(self) -> PathBuf {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
+    /// The folder of the task's committed data under `data/`.
+    pub fn data_folder(self) -> &'static str {
         match self {
-            Task::SearchQa => root.join("multihop"),
-            Task::Calc => root.join("calc"),
+            Task::SearchQa => "multihop",
+            Task::Calc => "calc",
         }
     }
 
-    /// The task's environment over the data in `data` (search-qa: `corpus.jsonl`).
+    /// The text of one of the task's data files and the path errors name.
+    fn read(self, data: &TaskData, file: &str) -> Result<(String, PathBuf), EnvError> {
+        match data {
+            TaskData::Dir(dir) => {
+                let path = dir.join(file);
+                let text = std::fs::read_to_string(&path).map_err(|source| EnvError::Io {
+                    op: "read",
+                    path: path.clone(),
+                    source,
+                })?;
+                Ok((text, path))
+            }
+            TaskData::Embedded => {
+                let folder = self.data_folder();
+                let path = Path::new("(embedded) data").join(folder).join(file);
+                let text = embedded(folder, file).ok_or_else(|| EnvError::Io {
+                    op: "read",
+                    path: path.clone(),
+                    source: std::io::Error::from(std::io::ErrorKind::NotFound),
+                })?;
+                Ok((text.to_string(), path))
+            }
+        }
+    }
+
+    /// The task's environment over its data (search-qa: `corpus.jsonl`).
     pub fn environment(
         self,
-        data: &Path,
+        data: &TaskData,
         cfg: EnvConfig,
     ) -> Result<Arc<dyn Environment>, EnvError> {
         Ok(match self {
-            Task::SearchQa => Arc::new(SearchQaEnv::from_corpus_file(
-                &data.join("corpus.jsonl"),
-                DEFAULT_TOP_K,
-                cfg,
-            )?),
+            Task::SearchQa => {
+                let (text, path) = self.read(data, "corpus.jsonl")?;
+                let corpus = Corpus::parse_jsonl(&text, &path)?;
+                Arc::new(SearchQaEnv::with_bm25(corpus, DEFAULT_TOP_K, cfg)?)
+            }
             Task::Calc => Arc::new(CalcEnv::new(cfg)?),
         })
     }
 
-    /// The first `n` prompts of `data/train.jsonl`.
-    pub fn samples(self, data: &Path, n: usize) -> Result<Vec<QaSample>, EnvError> {
-        let mut samples = load_samples(&data.join("train.jsonl"))?;
+    /// The first `n` prompts of the task's `train.jsonl`.
+    pub fn samples(self, data: &TaskData, n: usize) -> Result<Vec<QaSample>, EnvError> {
+        let (text, path) = self.read(data, "train.jsonl")?;
+        let mut samples = parse_samples(&text, &path)?;
         samples.truncate(n);
         Ok(samples)
     }

@@ -30,24 +30,33 @@
 //! segment and one more reference on the partial block: the cost does not grow with
 //! the prefix. Positions in a frozen segment are immutable; `truncate` below them
 //! rebuilds the table's own part from the chain.
+//!
+//! This file holds the tables' state machine (block bookkeeping and the sequence
+//! operations); beside it: `inspect` (sizes, counters, read-only views), `pins`
+//! (pins, clearing the prefix cache), `rows` (the KV rows a forward writes and
+//! reads), `preempt` (what the engine's preemption needs), `check` (the self-check).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::error::KvError;
 use super::ids::{BlockId, PinId, SeqId};
 use super::pool::{BlockPool, KvConfig};
 use super::prefix::{chain_hash, BlockHash, PrefixIndex, ROOT_HASH};
 use super::segment::{Segment, SegmentId, Segments};
-use super::table::{blocks_for, BlockTable};
+use super::table::blocks_for;
 use crate::model::{ModelConfig, TokenId};
 
+mod check;
+mod inspect;
+mod pins;
 mod preempt;
+mod rows;
 
-/// A table with what the prefix index needs to know about its tokens. Sequences and
-/// pins are both this: a chain of frozen segments (blocks `0..frozen_blocks`) and the
+/// The state of one block table — a sequence's or a pin's — with what the prefix
+/// index needs to know about its tokens. Sequences and pins are both this: a chain of frozen segments (blocks `0..frozen_blocks`) and the
 /// table's own part after it.
 #[derive(Debug, Clone)]
-struct Prefix {
+struct TableState {
     /// The last segment of the frozen chain (`None` when `frozen_blocks == 0`).
     frozen: Option<SegmentId>,
     frozen_blocks: usize,
@@ -65,9 +74,9 @@ struct Prefix {
     epoch: u64,
 }
 
-impl Prefix {
+impl TableState {
     fn empty(epoch: u64) -> Self {
-        Prefix {
+        TableState {
             frozen: None,
             frozen_blocks: 0,
             blocks: Vec::new(),
@@ -138,8 +147,8 @@ pub struct KvCache {
     pool: BlockPool,
     index: PrefixIndex,
     segments: Segments,
-    seqs: HashMap<SeqId, Prefix>,
-    pins: HashMap<PinId, Prefix>,
+    seqs: HashMap<SeqId, TableState>,
+    pins: HashMap<PinId, TableState>,
     next_seq: usize,
     next_pin: u64,
     epoch: u64,
@@ -168,222 +177,6 @@ impl KvCache {
     /// A cache shaped for `model`.
     pub fn for_model(config: KvConfig, model: &ModelConfig) -> Result<Self, KvError> {
         Self::new(config, model.num_layers, model.kv_dim())
-    }
-
-    // ----- sizes and counters -------------------------------------------------------
-
-    /// The pool (read-only: refcounts, free list, raw block data).
-    pub fn pool(&self) -> &BlockPool {
-        &self.pool
-    }
-
-    pub fn block_size(&self) -> usize {
-        self.pool.block_size()
-    }
-
-    pub fn num_blocks(&self) -> usize {
-        self.pool.num_blocks()
-    }
-
-    pub fn bytes_per_block(&self) -> usize {
-        self.pool.bytes_per_block()
-    }
-
-    pub fn bytes_per_token(&self) -> usize {
-        self.pool.bytes_per_token()
-    }
-
-    /// Blocks needed for `tokens` positions in one table (rounded up).
-    pub fn blocks_for_tokens(&self, tokens: usize) -> usize {
-        blocks_for(tokens, self.block_size())
-    }
-
-    /// Full blocks of a `prefix_len`-token prefix: what a fork from its end keeps
-    /// sharing once both sides have written (the partly filled last block is copied).
-    pub fn shared_blocks(&self, prefix_len: usize) -> usize {
-        prefix_len / self.block_size()
-    }
-
-    /// Bytes of `unique_tokens` positions at exactly [`bytes_per_token`](Self::bytes_per_token)
-    /// each: the lower bound [`bytes_in_use`](Self::bytes_in_use) reaches up to rounding
-    /// to blocks (at most one partly filled block per table).
-    pub fn unique_tokens_bytes(&self, unique_tokens: usize) -> usize {
-        unique_tokens * self.bytes_per_token()
-    }
-
-    /// Bytes of `blocks` blocks.
-    pub fn blocks_bytes(&self, blocks: usize) -> usize {
-        blocks * self.bytes_per_block()
-    }
-
-    /// Blocks referenced by a table or pin.
-    pub fn blocks_in_use(&self) -> usize {
-        self.pool.num_blocks() - self.pool.free_count() - self.index.cached_len()
-    }
-
-    /// KV bytes held by live tables and pins.
-    pub fn bytes_in_use(&self) -> usize {
-        self.blocks_bytes(self.blocks_in_use())
-    }
-
-    /// Distinct blocks referenced by a pin. O(pinned blocks).
-    pub fn pinned_blocks(&self) -> usize {
-        let set: HashSet<BlockId> = self.pins.values().flat_map(|p| self.blocks_of(p)).collect();
-        set.len()
-    }
-
-    /// Unreferenced blocks kept for prefix reuse.
-    pub fn cached_blocks(&self) -> usize {
-        self.index.cached_len()
-    }
-
-    pub fn free_blocks(&self) -> usize {
-        self.pool.free_count()
-    }
-
-    /// Blocks a reservation could get right now (free + evictable).
-    pub fn available_blocks(&self) -> usize {
-        self.pool.free_count() + self.index.cached_len()
-    }
-
-    pub fn is_cached(&self, block: BlockId) -> bool {
-        self.index.is_cached(block)
-    }
-
-    pub fn is_indexed(&self, block: BlockId) -> bool {
-        self.index.is_indexed(block)
-    }
-
-    /// The cached blocks, most recently released first.
-    pub fn cached_block_ids(&self) -> Vec<BlockId> {
-        self.index.cached_blocks().collect()
-    }
-
-    pub fn stats(&self) -> KvStats {
-        KvStats {
-            num_blocks: self.num_blocks(),
-            block_size: self.block_size(),
-            in_use: self.blocks_in_use(),
-            pinned: self.pinned_blocks(),
-            cached: self.cached_blocks(),
-            free: self.free_blocks(),
-            indexed: self.index.indexed_len(),
-            bytes_per_block: self.bytes_per_block(),
-            bytes_per_token: self.bytes_per_token(),
-            cow_copies: self.cow_copies,
-            evictions: self.evictions,
-        }
-    }
-
-    // ----- inspection ---------------------------------------------------------------
-
-    fn seq(&self, seq: SeqId) -> Result<&Prefix, KvError> {
-        self.seqs.get(&seq).ok_or(KvError::UnknownSequence(seq))
-    }
-
-    fn pin_state(&self, pin: PinId) -> Result<&Prefix, KvError> {
-        self.pins.get(&pin).ok_or(KvError::UnknownPin(pin))
-    }
-
-    /// Every block of a table in position order: the frozen chain, then its own part.
-    fn blocks_of(&self, p: &Prefix) -> Vec<BlockId> {
-        let mut out = Vec::with_capacity(p.frozen_blocks + p.blocks.len());
-        for id in self.segments.chain(p.frozen) {
-            out.extend_from_slice(&self.segments.get(id).blocks);
-        }
-        out.extend_from_slice(&p.blocks);
-        out
-    }
-
-    /// Token ids of a table's valid positions.
-    fn tokens_of(&self, p: &Prefix) -> Vec<TokenId> {
-        let mut out = Vec::with_capacity(p.len);
-        for id in self.segments.chain(p.frozen) {
-            out.extend_from_slice(&self.segments.get(id).tokens);
-        }
-        out.extend_from_slice(&p.tokens);
-        out
-    }
-
-    /// Chain hashes of a table's full blocks.
-    fn hashes_of(&self, p: &Prefix) -> Vec<BlockHash> {
-        let mut out = Vec::with_capacity(p.len / self.block_size());
-        for id in self.segments.chain(p.frozen) {
-            out.extend_from_slice(&self.segments.get(id).hashes);
-        }
-        out.extend_from_slice(&p.hashes);
-        out
-    }
-
-    fn table_of(&self, p: &Prefix) -> BlockTable {
-        BlockTable {
-            blocks: self.blocks_of(p),
-            len: p.len,
-        }
-    }
-
-    /// Valid positions of `seq` (where its next token goes).
-    pub fn seq_len(&self, seq: SeqId) -> Result<usize, KvError> {
-        Ok(self.seq(seq)?.len)
-    }
-
-    /// Positions `seq` can hold without another [`reserve`](Self::reserve).
-    pub fn capacity(&self, seq: SeqId) -> Result<usize, KvError> {
-        Ok(self.seq(seq)?.capacity(self.block_size()))
-    }
-
-    /// Token ids of `seq`'s valid positions (assembled: O(length)).
-    pub fn tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, KvError> {
-        Ok(self.tokens_of(self.seq(seq)?))
-    }
-
-    /// `seq`'s block table (assembled: O(blocks)).
-    pub fn table(&self, seq: SeqId) -> Result<BlockTable, KvError> {
-        Ok(self.table_of(self.seq(seq)?))
-    }
-
-    pub fn pin_table(&self, pin: PinId) -> Result<BlockTable, KvError> {
-        Ok(self.table_of(self.pin_state(pin)?))
-    }
-
-    pub fn pin_tokens(&self, pin: PinId) -> Result<Vec<TokenId>, KvError> {
-        Ok(self.tokens_of(self.pin_state(pin)?))
-    }
-
-    pub fn contains(&self, seq: SeqId) -> bool {
-        self.seqs.contains_key(&seq)
-    }
-
-    /// Live sequences, in id order.
-    pub fn sequence_ids(&self) -> Vec<SeqId> {
-        let mut v: Vec<SeqId> = self.seqs.keys().copied().collect();
-        v.sort();
-        v
-    }
-
-    /// Live pins, in id order.
-    pub fn pin_ids(&self) -> Vec<PinId> {
-        let mut v: Vec<PinId> = self.pins.keys().copied().collect();
-        v.sort();
-        v
-    }
-
-    /// How many tables and pins list each block (indexed by block). The pool's
-    /// refcounts count holders instead (a shared segment is one holder); both are zero
-    /// for exactly the same blocks. O(blocks of every table).
-    pub fn references(&self) -> Vec<u32> {
-        let mut refs = vec![0u32; self.num_blocks()];
-        for p in self.seqs.values().chain(self.pins.values()) {
-            for b in self.blocks_of(p) {
-                refs[b.index()] += 1;
-            }
-        }
-        refs
-    }
-
-    /// Frozen segments alive (diagnostics: a fork adds at most one).
-    pub fn segment_count(&self) -> usize {
-        self.segments.len()
     }
 
     // ----- block bookkeeping --------------------------------------------------------
@@ -443,7 +236,7 @@ impl KvCache {
     }
 
     /// Releases everything a table holds (own blocks last to first, then its chain).
-    fn release_prefix(&mut self, p: Prefix) {
+    fn release_prefix(&mut self, p: TableState) {
         self.release_all(&p.blocks);
         self.release_segment(p.frozen);
     }
@@ -485,7 +278,7 @@ impl KvCache {
         len.max(upto).saturating_sub(i * bs).min(bs)
     }
 
-    fn insert_seq(&mut self, state: Prefix) -> SeqId {
+    fn insert_seq(&mut self, state: TableState) -> SeqId {
         let id = SeqId::from_slot(self.next_seq);
         self.next_seq += 1;
         self.seqs.insert(id, state);
@@ -495,7 +288,7 @@ impl KvCache {
     /// A new table sharing every valid position of `p`, which must be frozen (no own
     /// full blocks): one more reference on its last segment and on its partly filled
     /// last block. O(1) in the prefix length.
-    fn share(&mut self, p: &Prefix) -> Prefix {
+    fn share(&mut self, p: &TableState) -> TableState {
         debug_assert!(p.hashes.is_empty(), "share() of an unfrozen table");
         if let Some(id) = p.frozen {
             self.segments.retain(id);
@@ -509,7 +302,7 @@ impl KvCache {
         for &b in &blocks {
             self.retain_block(b);
         }
-        Prefix {
+        TableState {
             frozen: p.frozen,
             frozen_blocks: p.frozen_blocks,
             blocks,
@@ -523,7 +316,7 @@ impl KvCache {
     /// A new table holding the first `len` positions of `p` (references taken). Shares
     /// the longest run of `p`'s segments that ends at or before `len`; the blocks after
     /// it are listed (and referenced) one by one.
-    fn prefix_of(&mut self, p: &Prefix, len: usize) -> Prefix {
+    fn prefix_of(&mut self, p: &TableState, len: usize) -> TableState {
         let bs = self.block_size();
         debug_assert!(len <= p.len);
         let full = len / bs;
@@ -533,7 +326,7 @@ impl KvCache {
                 self.segments.retain(id);
             }
             let skip = p.frozen_blocks * bs;
-            Prefix {
+            TableState {
                 frozen: p.frozen,
                 frozen_blocks: p.frozen_blocks,
                 blocks: p.blocks[..need - p.frozen_blocks].to_vec(),
@@ -556,7 +349,7 @@ impl KvCache {
             }
             let (blocks, tokens, hashes) =
                 (self.blocks_of(p), self.tokens_of(p), self.hashes_of(p));
-            Prefix {
+            TableState {
                 frozen: keep,
                 frozen_blocks: start,
                 blocks: blocks[start..need].to_vec(),
@@ -578,7 +371,7 @@ impl KvCache {
 
     /// An empty sequence.
     pub fn new_sequence(&mut self) -> SeqId {
-        self.insert_seq(Prefix::empty(self.epoch))
+        self.insert_seq(TableState::empty(self.epoch))
     }
 
     /// The longest run of cached full blocks holding a prefix of `tokens`, and the
@@ -751,235 +544,6 @@ impl KvCache {
             .remove(&seq)
             .ok_or(KvError::UnknownSequence(seq))?;
         self.release_prefix(st);
-        Ok(())
-    }
-
-    // ----- pins ---------------------------------------------------------------------
-
-    /// Pins `seq`'s current valid positions: their blocks stay referenced (never freed,
-    /// never evicted) until [`unpin`](Self::unpin), whatever happens to `seq`.
-    pub fn pin(&mut self, seq: SeqId) -> Result<PinId, KvError> {
-        let len = self.seq_len(seq)?;
-        self.pin_prefix(seq, len)
-    }
-
-    /// Pins the first `len` positions of `seq`.
-    pub fn pin_prefix(&mut self, seq: SeqId, len: usize) -> Result<PinId, KvError> {
-        let bs = self.block_size();
-        let st = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(KvError::UnknownSequence(seq))?;
-        if len > st.len {
-            return Err(KvError::BeyondLength {
-                seq,
-                len: st.len,
-                requested: len,
-            });
-        }
-        st.freeze(&mut self.segments, bs);
-        let st = st.clone();
-        let state = self.prefix_of(&st, len);
-        let id = PinId::new(self.next_pin);
-        self.next_pin += 1;
-        self.pins.insert(id, state);
-        Ok(id)
-    }
-
-    /// Releases a pin's references.
-    pub fn unpin(&mut self, pin: PinId) -> Result<(), KvError> {
-        let st = self.pins.remove(&pin).ok_or(KvError::UnknownPin(pin))?;
-        self.release_prefix(st);
-        Ok(())
-    }
-
-    /// A new sequence holding the pinned prefix (shared, as [`fork`](Self::fork)).
-    pub fn fork_pin(&mut self, pin: PinId) -> Result<SeqId, KvError> {
-        let bs = self.block_size();
-        let st = self.pins.get_mut(&pin).ok_or(KvError::UnknownPin(pin))?;
-        st.freeze(&mut self.segments, bs);
-        let st = st.clone();
-        let child = self.share(&st);
-        Ok(self.insert_seq(child))
-    }
-
-    /// Valid positions of a pin.
-    pub fn pin_len(&self, pin: PinId) -> Result<usize, KvError> {
-        Ok(self.pin_state(pin)?.len)
-    }
-
-    // ----- prefix cache -------------------------------------------------------------
-
-    /// Forgets every prefix-index entry and frees every cached block. Call it after a
-    /// weight update: cached KV is stale. Live sequences and pins keep their blocks, but
-    /// nothing computed before the call is ever matched again, and blocks such
-    /// sequences fill later (mixing old and new KV) are not indexed either.
-    pub fn clear_prefix_cache(&mut self) {
-        for b in self.index.clear() {
-            self.pool.recycle(b);
-        }
-        self.epoch += 1;
-    }
-
-    // ----- writes and reads (the KvStore side) -----------------------------------------
-
-    /// Writes one position's key and value for `layer`. The block holding `position`
-    /// must be reserved; if it is shared or indexed, it is first copied (copy-on-write,
-    /// which can fail with [`KvError::OutOfBlocks`] if `reserve` was skipped). Positions
-    /// in a frozen (shared) segment are immutable: [`KvError::Frozen`].
-    pub fn write(
-        &mut self,
-        seq: SeqId,
-        layer: usize,
-        position: usize,
-        key: &[f32],
-        value: &[f32],
-    ) -> Result<(), KvError> {
-        let (bs, kv_dim) = (self.block_size(), self.pool.kv_dim());
-        if layer >= self.pool.num_layers() {
-            return Err(KvError::BadLayer {
-                layer,
-                num_layers: self.pool.num_layers(),
-            });
-        }
-        for row in [key, value] {
-            if row.len() != kv_dim {
-                return Err(KvError::RowWidth {
-                    expected: kv_dim,
-                    found: row.len(),
-                });
-            }
-        }
-        let st = self.seq(seq)?;
-        let (i, row) = BlockTable::locate(position, bs);
-        if i < st.frozen_blocks {
-            return Err(KvError::Frozen { seq, position });
-        }
-        let Some(&block) = st.blocks.get(i - st.frozen_blocks) else {
-            return Err(KvError::BeyondCapacity {
-                seq,
-                position,
-                capacity: st.capacity(bs),
-            });
-        };
-        let block = if self.writable(block) {
-            block
-        } else {
-            let rows = self.rows_to_keep(i, st.len, position);
-            self.copy_on_write(seq, i, rows)?
-        };
-        self.pool.write_row(layer, block, row, key, value);
-        Ok(())
-    }
-
-    /// The blocks holding positions `0..len` of `seq` in `layer` (whole blocks: the last
-    /// may hold more rows than `len` needs). Empty for an unknown sequence or layer.
-    pub fn read_blocks(&self, seq: SeqId, layer: usize, len: usize) -> Vec<(&[f32], &[f32])> {
-        let Some(st) = self.seqs.get(&seq) else {
-            return Vec::new();
-        };
-        if layer >= self.pool.num_layers() {
-            return Vec::new();
-        }
-        let n = blocks_for(len, self.block_size()).min(st.frozen_blocks + st.blocks.len());
-        let mut out = Vec::with_capacity(n);
-        let chain = self.segments.chain(st.frozen);
-        let frozen = chain.iter().flat_map(|&id| &self.segments.get(id).blocks);
-        for &b in frozen.chain(&st.blocks).take(n) {
-            out.push((self.pool.keys(layer, b), self.pool.values(layer, b)));
-        }
-        out
-    }
-
-    // ----- self-check ---------------------------------------------------------------
-
-    /// Checks the layer's invariants; `Err` names the first one broken. O(blocks).
-    ///
-    /// - every block's refcount equals its holders: the live segments listing it plus
-    ///   the tables and pins listing it in their own part;
-    /// - every segment's refcount equals the tables, pins and segments ending on it;
-    ///   segments chain without gaps and hold whole blocks of tokens and hashes;
-    /// - every block is exactly one of: in use (refcount > 0), cached, free;
-    /// - cached blocks are indexed; pinned blocks are in use (so never evicted);
-    /// - every table's length fits its blocks and matches its token history.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let n = self.num_blocks();
-        let bs = self.block_size();
-        let mut refs = vec![0u32; n];
-        let mut seg_refs: HashMap<SegmentId, u32> = HashMap::new();
-        for (id, seg) in self.segments.iter() {
-            if seg.blocks.is_empty()
-                || seg.tokens.len() != seg.blocks.len() * bs
-                || seg.hashes.len() != seg.blocks.len()
-            {
-                return Err(format!("segment {id:?}: sizes out of step"));
-            }
-            let parent_end = seg.parent.map_or(0, |p| self.segments.get(p).end_block());
-            if seg.start_block != parent_end {
-                return Err(format!("segment {id:?}: starts at {}", seg.start_block));
-            }
-            if let Some(p) = seg.parent {
-                *seg_refs.entry(p).or_default() += 1;
-            }
-            for b in &seg.blocks {
-                refs[b.index()] += 1;
-            }
-        }
-        for (what, st) in self
-            .seqs
-            .iter()
-            .map(|(id, st)| (id.to_string(), st))
-            .chain(self.pins.iter().map(|(id, st)| (id.to_string(), st)))
-        {
-            let frozen_end = st.frozen.map_or(0, |f| self.segments.get(f).end_block());
-            if st.frozen_blocks != frozen_end {
-                return Err(format!("{what}: frozen blocks out of step"));
-            }
-            if let Some(f) = st.frozen {
-                *seg_refs.entry(f).or_default() += 1;
-            }
-            if st.len > st.capacity(bs) || st.len < st.frozen_blocks * bs {
-                return Err(format!("{what}: length {} past its blocks", st.len));
-            }
-            if st.tokens.len() != st.len - st.frozen_blocks * bs
-                || st.hashes.len() != st.len / bs - st.frozen_blocks
-            {
-                return Err(format!("{what}: token history out of step"));
-            }
-            for b in &st.blocks {
-                refs[b.index()] += 1;
-            }
-        }
-        for (id, seg) in self.segments.iter() {
-            let expected = seg_refs.get(&id).copied().unwrap_or(0);
-            if seg.refs != expected {
-                return Err(format!(
-                    "segment {id:?}: refcount {} but {expected} references",
-                    seg.refs
-                ));
-            }
-        }
-        let mut seen = vec![0u8; n];
-        for b in self.pool.free_blocks() {
-            seen[b.index()] += 1;
-        }
-        for b in self.index.cached_blocks() {
-            seen[b.index()] += 1;
-            if !self.index.is_indexed(b) {
-                return Err(format!("cached {b} is not indexed"));
-            }
-        }
-        for i in 0..n {
-            let b = BlockId::new(i as u32);
-            let rc = self.pool.refcount(b);
-            if rc != refs[i] {
-                return Err(format!("{b}: refcount {rc} but {} holders", refs[i]));
-            }
-            let states = seen[i] as u32 + u32::from(rc > 0);
-            if states != 1 {
-                return Err(format!("{b}: in {states} of in-use / cached / free"));
-            }
-        }
         Ok(())
     }
 }

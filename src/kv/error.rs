@@ -53,8 +53,9 @@ pub enum KvError {
     Alloc { bytes: usize },
 }
 
+/// A paged-cache error met inside a forward, kept whole as the model error's source.
 impl From<KvError> for ModelError {
     fn from(e: KvError) -> Self {
-        ModelError::KvStore(e.to_string())
+        ModelError::KvStore(Box::new(e))
     }
 }

@@ -198,7 +198,9 @@ impl KvStore for DenseKvStore {
             .seqs
             .get_mut(slot)
             .and_then(|l| l.get_mut(layer))
-            .ok_or_else(|| ModelError::KvStore(format!("no sequence {slot} layer {layer}")))?;
+            .ok_or_else(|| {
+                ModelError::KvStore(format!("no sequence {slot} layer {layer}").into())
+            })?;
         let len = keys.len() / kv_dim;
         if position < len {
             keys[position * kv_dim..][..kv_dim].copy_from_slice(key);
@@ -207,9 +209,9 @@ impl KvStore for DenseKvStore {
             keys.extend_from_slice(key);
             values.extend_from_slice(value);
         } else {
-            return Err(ModelError::KvStore(format!(
-                "sequence {slot}: position {position} written before {len}"
-            )));
+            return Err(ModelError::KvStore(
+                format!("sequence {slot}: position {position} written before {len}").into(),
+            ));
         }
         Ok(())
     }

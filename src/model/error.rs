@@ -35,8 +35,10 @@ pub enum ModelError {
     Template(String),
     #[error("sequence of {tokens} tokens does not fit the context window of {max} tokens")]
     ContextOverflow { tokens: usize, max: usize },
+    /// The KV store the forward writes to refused a write; its own error is the
+    /// source (the paged cache's is a `kv::KvError`: downcast to match on it).
     #[error("KV store: {0}")]
-    KvStore(String),
+    KvStore(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("model fetch: {0}")]
     Fetch(String),
     #[error("tensor op: {0}")]

@@ -66,7 +66,7 @@ use super::{
 };
 use crate::engine::stop::find_stop;
 use crate::engine::Sampling;
-use crate::env::{Action, Environment, QaSample};
+use crate::env::{Environment, QaSample};
 use crate::model::{LoadedModel, TokenId};
 
 /// The chain workload's shape and settings.
@@ -358,7 +358,7 @@ async fn run_chain(
         let step_ids = tok.encode(&text, true)?;
         result.generated_tokens += step_ids.len() as u64;
         let outcome = ctx.env.step(&mut episode, &text).await?;
-        if matches!(outcome.action, Action::Search(_) | Action::Calc(_)) {
+        if outcome.action.is_tool_call() {
             result.tool_calls += 1;
         }
         if !outcome.done {

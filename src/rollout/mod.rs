@@ -11,25 +11,25 @@
 //! - [`export`]: advantages and per-leaf records from finished trees.
 //! - [`run`]: a whole run over many prompts: progress, ordered output, per-forest
 //!   accounting, token budget, interruption, summary.
-//! - [`view`]: `forest.jsonl` drawn as one self-contained HTML page.
+//! - [`output`]: the run's files written as prompts finish, and `forest.jsonl` read back.
 
 pub mod episode;
 pub mod error;
 pub mod export;
 pub mod forest;
+pub mod output;
 pub mod run;
 pub mod sampler;
 pub mod select;
 pub mod trajectory;
-pub mod view;
 
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;
 pub use forest::{Node, Tree};
+pub use output::{read_forest, Output};
 pub use run::{
-    run_rollout, ForestSummary, Interrupt, Output, Progress, RunOptions, RunSummary, TokenSummary,
+    run_rollout, ForestSummary, Interrupt, Progress, RunOptions, RunSummary, TokenSummary,
 };
 pub use sampler::{FailedBranch, ForestCost, TreeConfig};
 pub use select::Selection;
 pub use trajectory::Trajectory;
-pub use view::{read_forest, render_forest_html};

@@ -5,8 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -25,6 +24,7 @@ use crate::model::TokenId;
 use super::error::RolloutError;
 use super::export::{score_forest, TrajectoryRecord};
 use super::forest::Tree;
+use super::output::Output;
 use super::sampler::{
     sample_prompt_forest, FailedBranch, Forest, ForestCost, SamplerContext, TreeConfig,
 };
@@ -171,54 +171,6 @@ pub struct Progress {
     pub rollouts: usize,
     pub computed_tokens: u64,
     pub seconds: f64,
-}
-
-/// Where and how to write results.
-pub struct Output {
-    dir: PathBuf,
-    trajectories: std::fs::File,
-    forest: std::fs::File,
-}
-
-impl Output {
-    pub fn create(dir: &Path) -> Result<Self, RolloutError> {
-        let io = |e: std::io::Error| RolloutError::Io(dir.to_path_buf(), e);
-        std::fs::create_dir_all(dir).map_err(io)?;
-        let trajectories = std::fs::File::create(dir.join("trajectories.jsonl")).map_err(io)?;
-        let forest = std::fs::File::create(dir.join("forest.jsonl")).map_err(io)?;
-        Ok(Output {
-            dir: dir.to_path_buf(),
-            trajectories,
-            forest,
-        })
-    }
-
-    fn write(&mut self, records: &[TrajectoryRecord], trees: &[Tree]) -> Result<(), RolloutError> {
-        let io = |e: std::io::Error| RolloutError::Io(self.dir.clone(), e);
-        let mut buf = Vec::new();
-        for r in records {
-            serde_json::to_writer(&mut buf, r).map_err(|e| io(e.into()))?;
-            buf.push(b'\n');
-        }
-        // One write per prompt, then flush: a line is either whole or absent.
-        self.trajectories.write_all(&buf).map_err(io)?;
-        self.trajectories.flush().map_err(io)?;
-        let mut buf = Vec::new();
-        for t in trees {
-            serde_json::to_writer(&mut buf, t).map_err(|e| io(e.into()))?;
-            buf.push(b'\n');
-        }
-        self.forest.write_all(&buf).map_err(io)?;
-        self.forest.flush().map_err(io)?;
-        Ok(())
-    }
-
-    fn write_summary(&self, summary: &RunSummary) -> Result<(), RolloutError> {
-        let path = self.dir.join("summary.json");
-        let text = serde_json::to_string_pretty(summary)
-            .map_err(|e| RolloutError::Io(path.clone(), e.into()))?;
-        std::fs::write(&path, text + "\n").map_err(|e| RolloutError::Io(path, e))
-    }
 }
 
 /// A future that resolves when the run should stop early (e.g. on SIGINT).

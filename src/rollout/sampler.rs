@@ -461,10 +461,7 @@ async fn grow_branch(
             depth += 1;
             let text = model.tokenizer.decode(&gen.tokens)?;
             let outcome = ctx.env.step(&mut episode, &text).await?;
-            if matches!(
-                outcome.action,
-                crate::env::Action::Search(_) | crate::env::Action::Calc(_)
-            ) {
+            if outcome.action.is_tool_call() {
                 cost.tool_calls += 1;
             }
             let mut node = Node::root();

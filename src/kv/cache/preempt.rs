@@ -3,7 +3,7 @@
 //! and adopting the cached blocks of a prefix into an empty sequence so that a
 //! recompute (or a new prompt) starts from whatever KV is still in the pool.
 
-use super::{KvCache, Prefix};
+use super::{KvCache, TableState};
 use crate::kv::{KvError, SeqId};
 use crate::model::TokenId;
 
@@ -35,7 +35,7 @@ impl KvCache {
     /// nobody else holds stay in the prefix cache, so the recompute finds them unless
     /// they were evicted meanwhile.
     pub fn reset(&mut self, seq: SeqId) -> Result<(), KvError> {
-        let empty = Prefix::empty(self.epoch);
+        let empty = TableState::empty(self.epoch);
         let st = self
             .seqs
             .get_mut(&seq)

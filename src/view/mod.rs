@@ -1,4 +1,5 @@
-//! A forest drawn as one self-contained HTML page (`treegrpo view`): what a person
+//! The presentation layer above `rollout`: a forest drawn as one self-contained HTML
+//! page (`treegrpo view`): what a person
 //! looks at to see how a rollout's trees branched, which leaves earned reward, and what
 //! the model wrote at each step.
 //!
@@ -13,63 +14,28 @@
 //! natural size (width grows with the leaf count) inside a horizontally scrolling box, so
 //! large trees stay readable instead of shrinking.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::BufRead;
-use std::path::Path;
 
 use serde::Serialize;
 
-use super::error::RolloutError;
-use super::forest::{Node, Tree};
 use crate::env::Action;
+use crate::rollout::{Node, Tree};
+
+mod layout;
+use layout::{layout, px, py};
 
 /// Horizontal room per leaf, in pixels.
-const SLOT_W: f64 = 64.0;
+pub(crate) const SLOT_W: f64 = 64.0;
 /// Vertical distance between depths.
-const LEVEL_H: f64 = 92.0;
-const MARGIN: f64 = 28.0;
-const RADIUS: f64 = 13.0;
+pub(crate) const LEVEL_H: f64 = 92.0;
+pub(crate) const MARGIN: f64 = 28.0;
+pub(crate) const RADIUS: f64 = 13.0;
 /// Height of one label line under a node.
 const LINE_H: f64 = 12.0;
 /// Room under the deepest row for its label lines (up to three).
 const LABEL_ROOM: f64 = 3.0 * LINE_H + 6.0;
 /// Characters of step text shown in a hover tooltip (the click panel shows all).
 const TOOLTIP_CHARS: usize = 400;
-
-/// Reads `forest.jsonl` (one [`Tree`] per line; blank lines are skipped). A line that
-/// is not a tree is an error naming the file and the 1-based line number.
-pub fn read_forest(path: &Path) -> Result<Vec<Tree>, RolloutError> {
-    let file = std::fs::File::open(path).map_err(|e| RolloutError::Io(path.to_path_buf(), e))?;
-    let reader = std::io::BufReader::new(file);
-    let mut trees = Vec::new();
-    for (i, line) in reader.split(b'\n').enumerate() {
-        let line = line.map_err(|e| RolloutError::Io(path.to_path_buf(), e))?;
-        if line.iter().all(|b| b.is_ascii_whitespace()) {
-            continue;
-        }
-        let tree: Tree = serde_json::from_slice(&line).map_err(|e| RolloutError::ForestLine {
-            path: path.to_path_buf(),
-            line: i + 1,
-            message: json_message(&e),
-        })?;
-        trees.push(tree);
-    }
-    Ok(trees)
-}
-
-/// serde_json's message without its "at line 1 column N" (each line is parsed on its
-/// own, so its line is always 1); the column is kept.
-fn json_message(e: &serde_json::Error) -> String {
-    let mut s = e.to_string();
-    if let Some(pos) = s.rfind(" at line ") {
-        s.truncate(pos);
-    }
-    if e.column() > 0 {
-        let _ = write!(s, " (column {})", e.column());
-    }
-    s
-}
 
 /// Escapes text for HTML element content and quoted attribute values.
 pub fn escape_html(s: &str) -> String {
@@ -85,100 +51,6 @@ pub fn escape_html(s: &str) -> String {
         }
     }
     out
-}
-
-/// Where each node of a tree is drawn.
-struct Layout {
-    /// Per node (index into `tree.nodes`): horizontal slot position (leaves are whole
-    /// numbers) and drawn depth.
-    x: Vec<f64>,
-    depth: Vec<usize>,
-    /// Drawn parent → child edges, as node indices.
-    edges: Vec<(usize, usize)>,
-    /// Per node: whether it has drawn children.
-    has_children: Vec<bool>,
-    slots: usize,
-    max_depth: usize,
-}
-
-/// Tidy layout over the parent links. Robust to any input: unknown or self parents
-/// make a node a root, cycles are cut, every node is placed exactly once.
-fn layout(tree: &Tree) -> Layout {
-    let n = tree.nodes.len();
-    let mut index_of: HashMap<usize, usize> = HashMap::with_capacity(n);
-    for (i, node) in tree.nodes.iter().enumerate() {
-        index_of.entry(node.id).or_insert(i);
-    }
-    let mut children: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut is_root = vec![false; n];
-    for (i, node) in tree.nodes.iter().enumerate() {
-        match node.parent.and_then(|p| index_of.get(&p).copied()) {
-            Some(p) if p != i => children[p].push(i),
-            _ => is_root[i] = true,
-        }
-    }
-
-    let mut x = vec![0.0; n];
-    let mut depth = vec![0usize; n];
-    let mut visited = vec![false; n];
-    let mut drawn: Vec<Vec<usize>> = vec![Vec::new(); n];
-    let mut edges = Vec::new();
-    let mut slots = 0usize;
-    // Roots first, then whatever a cycle kept out of reach, each as a root of its own.
-    let starts: Vec<usize> = (0..n)
-        .filter(|&i| is_root[i])
-        .chain((0..n).filter(|&i| !is_root[i]))
-        .collect();
-    for start in starts {
-        if visited[start] {
-            continue;
-        }
-        visited[start] = true;
-        // Iterative post-order: (node, children already pushed).
-        let mut stack = vec![(start, false)];
-        while let Some((i, expanded)) = stack.pop() {
-            if !expanded {
-                stack.push((i, true));
-                let kids: Vec<usize> = children[i]
-                    .iter()
-                    .copied()
-                    .filter(|&c| !visited[c])
-                    .collect();
-                for &c in &kids {
-                    visited[c] = true;
-                    depth[c] = depth[i] + 1;
-                    edges.push((i, c));
-                }
-                for &c in kids.iter().rev() {
-                    stack.push((c, false));
-                }
-                drawn[i] = kids;
-            } else if let (Some(&first), Some(&last)) = (drawn[i].first(), drawn[i].last()) {
-                x[i] = (x[first] + x[last]) / 2.0;
-            } else {
-                x[i] = slots as f64;
-                slots += 1;
-            }
-        }
-    }
-    let max_depth = depth.iter().copied().max().unwrap_or(0);
-    let has_children = drawn.iter().map(|d| !d.is_empty()).collect();
-    Layout {
-        x,
-        depth,
-        edges,
-        has_children,
-        slots,
-        max_depth,
-    }
-}
-
-fn px(slot: f64) -> f64 {
-    MARGIN + slot * SLOT_W + SLOT_W / 2.0
-}
-
-fn py(depth: usize) -> f64 {
-    MARGIN + RADIUS + depth as f64 * LEVEL_H
 }
 
 /// A short name for a node's action.

@@ -1,0 +1,98 @@
+//! A run's files (`--out DIR`): `trajectories.jsonl` and `forest.jsonl` written as
+//! prompts finish, `summary.json` at the end, and `forest.jsonl` read back (for
+//! `treegrpo view`, or a trainer) with bad lines named by file and line.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use super::error::RolloutError;
+use super::export::TrajectoryRecord;
+use super::forest::Tree;
+use super::run::RunSummary;
+
+/// Where and how to write results.
+pub struct Output {
+    dir: PathBuf,
+    trajectories: std::fs::File,
+    forest: std::fs::File,
+}
+
+impl Output {
+    pub fn create(dir: &Path) -> Result<Self, RolloutError> {
+        let io = |e: std::io::Error| RolloutError::Io(dir.to_path_buf(), e);
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let trajectories = std::fs::File::create(dir.join("trajectories.jsonl")).map_err(io)?;
+        let forest = std::fs::File::create(dir.join("forest.jsonl")).map_err(io)?;
+        Ok(Output {
+            dir: dir.to_path_buf(),
+            trajectories,
+            forest,
+        })
+    }
+
+    pub(super) fn write(
+        &mut self,
+        records: &[TrajectoryRecord],
+        trees: &[Tree],
+    ) -> Result<(), RolloutError> {
+        let io = |e: std::io::Error| RolloutError::Io(self.dir.clone(), e);
+        let mut buf = Vec::new();
+        for r in records {
+            serde_json::to_writer(&mut buf, r).map_err(|e| io(e.into()))?;
+            buf.push(b'\n');
+        }
+        // One write per prompt, then flush: a line is either whole or absent.
+        self.trajectories.write_all(&buf).map_err(io)?;
+        self.trajectories.flush().map_err(io)?;
+        let mut buf = Vec::new();
+        for t in trees {
+            serde_json::to_writer(&mut buf, t).map_err(|e| io(e.into()))?;
+            buf.push(b'\n');
+        }
+        self.forest.write_all(&buf).map_err(io)?;
+        self.forest.flush().map_err(io)?;
+        Ok(())
+    }
+
+    pub(super) fn write_summary(&self, summary: &RunSummary) -> Result<(), RolloutError> {
+        let path = self.dir.join("summary.json");
+        let text = serde_json::to_string_pretty(summary)
+            .map_err(|e| RolloutError::Io(path.clone(), e.into()))?;
+        std::fs::write(&path, text + "\n").map_err(|e| RolloutError::Io(path, e))
+    }
+}
+
+/// Reads `forest.jsonl` (one [`Tree`] per line; blank lines are skipped). A line that
+/// is not a tree is an error naming the file and the 1-based line number.
+pub fn read_forest(path: &Path) -> Result<Vec<Tree>, RolloutError> {
+    let file = std::fs::File::open(path).map_err(|e| RolloutError::Io(path.to_path_buf(), e))?;
+    let reader = std::io::BufReader::new(file);
+    let mut trees = Vec::new();
+    for (i, line) in reader.split(b'\n').enumerate() {
+        let line = line.map_err(|e| RolloutError::Io(path.to_path_buf(), e))?;
+        if line.iter().all(|b| b.is_ascii_whitespace()) {
+            continue;
+        }
+        let tree: Tree = serde_json::from_slice(&line).map_err(|e| RolloutError::ForestLine {
+            path: path.to_path_buf(),
+            line: i + 1,
+            message: json_message(&e),
+        })?;
+        trees.push(tree);
+    }
+    Ok(trees)
+}
+
+/// serde_json's message without its "at line 1 column N" (each line is parsed on its
+/// own, so its line is always 1); the column is kept.
+fn json_message(e: &serde_json::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(pos) = s.rfind(" at line ") {
+        s.truncate(pos);
+    }
+    if e.column() > 0 {
+        let _ = write!(s, " (column {})", e.column());
+    }
+    s
+}
