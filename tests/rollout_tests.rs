@@ -11,7 +11,9 @@ use treegrpo::engine::{Engine, EngineConfig, Sampling};
 use treegrpo::env::{load_samples, EnvConfig, Environment, SearchQaEnv, DEFAULT_TOP_K};
 use treegrpo::model::LoadedModel;
 use treegrpo::rollout::export::TrajectoryRecord;
-use treegrpo::rollout::{run_rollout, Output, RunOptions, RunSummary, Selection, TreeConfig};
+use treegrpo::rollout::{
+    run_rollout, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, Selection, TreeConfig,
+};
 
 fn data(f: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -95,18 +97,46 @@ fn run_on(
         .unwrap();
     let output = out.map(|d| Output::create(d).unwrap());
     let before = rt.block_on(engine.stats()).unwrap().counters.computed();
-    let (summary, records) = rt
-        .block_on(run_rollout(
-            engine.clone(),
-            env,
-            samples,
-            cfg,
-            options,
-            output,
-            &mut |_| {},
-            None,
-        ))
+    let request = RolloutRequest {
+        env,
+        samples,
+        config: cfg,
+        options,
+    };
+    let hooks = RunHooks {
+        output,
+        ..RunHooks::default()
+    };
+    let result = rt
+        .block_on(run_rollout(engine.clone(), request, hooks))
         .unwrap();
+    if let Some(dir) = out {
+        // The files are one consumer of the in-memory result: the same lines.
+        let lines = |items: Vec<String>| items.into_iter().map(|l| l + "\n").collect::<String>();
+        let trees = lines(
+            result
+                .trees
+                .iter()
+                .map(|t| serde_json::to_string(t).unwrap())
+                .collect(),
+        );
+        let records = lines(
+            result
+                .records
+                .iter()
+                .map(|r| serde_json::to_string(r).unwrap())
+                .collect(),
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("forest.jsonl")).unwrap(),
+            trees
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("trajectories.jsonl")).unwrap(),
+            records
+        );
+    }
+    let (summary, records) = (result.summary, result.records);
     let after = rt.block_on(engine.stats()).unwrap().counters.computed();
     (summary, records, after - before)
 }

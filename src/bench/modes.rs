@@ -9,8 +9,8 @@ use crate::engine::{Engine, EngineConfig, Sampling};
 use crate::env::{Environment, QaSample};
 use crate::model::LoadedModel;
 use crate::rollout::{
-    run_rollout, Progress, RolloutError, RunOptions, RunSummary, Selection, TokenSummary,
-    TreeConfig,
+    run_rollout, ProgressFn, RolloutError, RolloutRequest, RunHooks, RunOptions, RunSummary,
+    Selection, TokenSummary, TreeConfig,
 };
 
 /// The shape of one mode's rollouts.
@@ -190,7 +190,7 @@ pub async fn run_mode(
     samples: &[QaSample],
     mode: &BenchMode,
     settings: &BenchSettings,
-    progress: &mut dyn FnMut(Progress),
+    progress: Option<ProgressFn>,
 ) -> Result<BenchRun, RolloutError> {
     let engine = Engine::start(
         model.clone(),
@@ -209,18 +209,18 @@ pub async fn run_mode(
         max_concurrent_prompts: settings.max_concurrent_prompts,
         ..RunOptions::new(advantage)
     };
-    let (summary, _) = run_rollout(
-        engine,
+    let request = RolloutRequest {
         env,
-        samples.to_vec(),
-        mode.tree_config(settings),
+        samples: samples.to_vec(),
+        config: mode.tree_config(settings),
         options,
-        None,
+    };
+    let hooks = RunHooks {
         progress,
-        None,
-    )
-    .await?;
-    Ok(BenchRun::from_summary(mode, &summary))
+        ..RunHooks::default()
+    };
+    let result = run_rollout(engine, request, hooks).await?;
+    Ok(BenchRun::from_summary(mode, &result.summary))
 }
 
 impl BenchRun {

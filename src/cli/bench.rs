@@ -118,7 +118,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         let run = match row {
             Row::Ours(mode) => {
                 let label = mode.label.clone();
-                let mut progress = |p: treegrpo::rollout::Progress| {
+                let progress = move |p: treegrpo::rollout::Progress| {
                     eprint!(
                         "\r[{}/{n}] {label}: {}/{} prompts, {} rollouts, {} tokens, {:.0} tok/s   ",
                         i + 1,
@@ -136,7 +136,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     &samples,
                     mode,
                     &report.settings,
-                    &mut progress,
+                    Some(Box::new(progress)),
                 ))?
             }
             #[cfg(feature = "mistralrs")]

@@ -9,7 +9,8 @@ use treegrpo::advantage::AdvantageMode;
 use treegrpo::engine::{Engine, EngineConfig, Sampling};
 use treegrpo::env::{EnvConfig, Task, TaskData};
 use treegrpo::rollout::{
-    run_rollout, Interrupt, Output, RunOptions, RunSummary, Selection, TreeConfig,
+    run_rollout, Interrupt, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, Selection,
+    TreeConfig,
 };
 
 #[derive(Debug, Args)]
@@ -125,7 +126,7 @@ pub async fn execute(
     } else {
         AdvantageMode::Tree
     });
-    let mut progress = |p: treegrpo::rollout::Progress| {
+    let progress = |p: treegrpo::rollout::Progress| {
         eprint!(
             "\r[{}/{} prompts] {} rollouts, {} tokens computed, {:.0} tok/s   ",
             p.prompts_done,
@@ -141,17 +142,18 @@ pub async fn execute(
         token_budget: a.token_budget,
         max_concurrent_prompts: a.concurrent_prompts,
     };
-    let (summary, _) = run_rollout(
-        engine,
+    let request = RolloutRequest {
         env,
         samples,
-        cfg,
+        config: cfg,
         options,
-        out,
-        &mut progress,
+    };
+    let hooks = RunHooks {
+        output: out,
+        progress: Some(Box::new(progress)),
         interrupt,
-    )
-    .await?;
+    };
+    let summary = run_rollout(engine, request, hooks).await?.summary;
     eprintln!();
     Ok(summary)
 }

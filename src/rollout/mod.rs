@@ -28,7 +28,8 @@ pub use error::RolloutError;
 pub use forest::{Node, Tree};
 pub use output::{read_forest, Output};
 pub use run::{
-    run_rollout, ForestSummary, Interrupt, Progress, RunOptions, RunSummary, TokenSummary,
+    run_rollout, ForestSummary, Interrupt, Progress, ProgressFn, RolloutRequest, RolloutResult,
+    RunHooks, RunOptions, RunSummary, TokenSummary,
 };
 pub use sampler::{FailedBranch, ForestCost, TreeConfig};
 pub use select::Selection;

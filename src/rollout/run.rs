@@ -183,22 +183,60 @@ struct Finished {
     summary: ForestSummary,
 }
 
-/// Runs every sample's forest and returns the summary (and writes `out` if given).
+/// What to roll out: the environment and its prompts, the shape of the search (tree or
+/// chains, sampling, seed) and how the run is driven (advantage, budget, concurrency).
+pub struct RolloutRequest {
+    pub env: Arc<dyn Environment>,
+    pub samples: Vec<QaSample>,
+    pub config: TreeConfig,
+    pub options: RunOptions,
+}
+
+/// A finished run in memory: the summary, every trajectory and every tree, in prompt
+/// order (what `--out DIR` writes, for callers that keep it in memory instead).
+#[derive(Debug)]
+pub struct RolloutResult {
+    pub summary: RunSummary,
+    pub records: Vec<TrajectoryRecord>,
+    pub trees: Vec<Tree>,
+}
+
+/// A progress callback, called from the run's task after each finished prompt (so a
+/// server or a Python caller can forward it from another thread).
+pub type ProgressFn = Box<dyn FnMut(Progress) + Send>;
+
+/// Optional ways to watch, keep or stop a run.
+#[derive(Default)]
+pub struct RunHooks {
+    /// Files written as prompts finish, in prompt order (`--out DIR`).
+    pub output: Option<Output>,
+    pub progress: Option<ProgressFn>,
+    /// Resolves when the run should stop early (SIGINT in the CLI).
+    pub interrupt: Option<Interrupt>,
+}
+
+/// Runs every sample's forest and returns the whole result (writing `hooks.output`
+/// as prompts finish, if given).
 ///
-/// When `interrupt` resolves, forests still growing are abandoned (their sequences stay
-/// in the engine, which should be dropped), every finished forest is written, and the
-/// summary says `interrupted`.
-#[allow(clippy::too_many_arguments)]
+/// When `hooks.interrupt` resolves, forests still growing are abandoned (their
+/// sequences stay in the engine, which should be dropped), every finished forest is
+/// kept and written, and the summary says `interrupted`.
 pub async fn run_rollout(
     engine: Engine,
-    env: Arc<dyn Environment>,
-    samples: Vec<QaSample>,
-    config: TreeConfig,
-    options: RunOptions,
-    mut out: Option<Output>,
-    progress: &mut dyn FnMut(Progress),
-    interrupt: Option<Interrupt>,
-) -> Result<(RunSummary, Vec<TrajectoryRecord>), RolloutError> {
+    request: RolloutRequest,
+    hooks: RunHooks,
+) -> Result<RolloutResult, RolloutError> {
+    let RolloutRequest {
+        env,
+        samples,
+        config,
+        options,
+    } = request;
+    let RunHooks {
+        output: mut out,
+        mut progress,
+        interrupt,
+    } = hooks;
     let t0 = Instant::now();
     let stats = engine.stats().await?;
     let before = stats.counters;
@@ -239,8 +277,7 @@ pub async fn run_rollout(
     let mut interrupted = false;
     let mut ready: BTreeMap<usize, Finished> = BTreeMap::new();
     let mut next_to_write = 0;
-    let mut all = Vec::new();
-    let mut forests = Vec::new();
+    let mut kept = Kept::default();
     let mut done = 0;
     loop {
         let joined = tokio::select! {
@@ -271,25 +308,28 @@ pub async fn run_rollout(
         );
         // Write in prompt order: the file's bytes do not depend on finishing order.
         while let Some(f) = ready.remove(&next_to_write) {
-            write_finished(&mut out, f, &mut all, &mut forests)?;
+            kept.add(&mut out, f)?;
             next_to_write += 1;
         }
         done += 1;
         let c = engine.stats().await?.counters;
-        progress(Progress {
-            prompts_done: done,
-            prompts: n,
-            rollouts: all.len() + ready.values().map(|f| f.records.len()).sum::<usize>(),
-            computed_tokens: c.computed() - before.computed(),
-            seconds: t0.elapsed().as_secs_f64(),
-        });
+        if let Some(progress) = progress.as_mut() {
+            progress(Progress {
+                prompts_done: done,
+                prompts: n,
+                rollouts: kept.records.len()
+                    + ready.values().map(|f| f.records.len()).sum::<usize>(),
+                computed_tokens: c.computed() - before.computed(),
+                seconds: t0.elapsed().as_secs_f64(),
+            });
+        }
     }
     if interrupted {
         // Abandon forests still growing; keep every finished one (in prompt order,
         // skipping the unfinished gaps).
         jobs.abort_all();
         for (_, f) in std::mem::take(&mut ready) {
-            write_finished(&mut out, f, &mut all, &mut forests)?;
+            kept.add(&mut out, f)?;
         }
     }
     let shared_prefix = match shared {
@@ -303,8 +343,8 @@ pub async fn run_rollout(
     let summary = summarize(
         &ctx,
         shared_prefix,
-        forests,
-        &all,
+        kept.forests,
+        &kept.records,
         n,
         &after,
         (stats.kv.num_blocks * stats.kv.bytes_per_block) as u64,
@@ -315,7 +355,11 @@ pub async fn run_rollout(
     if let Some(o) = out.as_ref() {
         o.write_summary(&summary)?;
     }
-    Ok((summary, all))
+    Ok(RolloutResult {
+        summary,
+        records: kept.records,
+        trees: kept.trees,
+    })
 }
 
 /// Prefills the longest prefix every prompt shares (whole KV blocks of it), so the
@@ -347,18 +391,25 @@ async fn prefill_shared_prefix(
     Ok(Some(seq))
 }
 
-fn write_finished(
-    out: &mut Option<Output>,
-    f: Finished,
-    all: &mut Vec<TrajectoryRecord>,
-    forests: &mut Vec<ForestSummary>,
-) -> Result<(), RolloutError> {
-    if let Some(o) = out.as_mut() {
-        o.write(&f.records, &f.trees)?;
+/// The finished prompts, in the order they were kept.
+#[derive(Default)]
+struct Kept {
+    records: Vec<TrajectoryRecord>,
+    trees: Vec<Tree>,
+    forests: Vec<ForestSummary>,
+}
+
+impl Kept {
+    /// Keeps a finished prompt, writing it out first when the run writes files.
+    fn add(&mut self, out: &mut Option<Output>, f: Finished) -> Result<(), RolloutError> {
+        if let Some(o) = out.as_mut() {
+            o.write(&f.records, &f.trees)?;
+        }
+        self.records.extend(f.records);
+        self.trees.extend(f.trees);
+        self.forests.push(f.summary);
+        Ok(())
     }
-    all.extend(f.records);
-    forests.push(f.summary);
-    Ok(())
 }
 
 fn mean_reward(records: &[TrajectoryRecord]) -> f64 {
