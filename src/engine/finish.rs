@@ -4,7 +4,7 @@
 use super::core::{EngineCore, Generation};
 use super::error::EngineError;
 use super::sampling::{sample, SampledToken};
-use super::stop::{find_stop, StopReason};
+use super::stop::{check_sampled, StopReason};
 use crate::kv::SeqId;
 
 impl EngineCore {
@@ -25,39 +25,22 @@ impl EngineCore {
         }
         let SampledToken { token, logprob } = sample(logits, &g.params.sampling, &mut g.rng);
         self.counters.sampled += 1;
-        if g.params.stop_tokens.contains(&token) {
-            return self.finish(seq, StopReason::StopToken);
+        // The sequence's length with the new token: what is cached plus what is
+        // pending (the token joins the pending ones).
+        let total_after = cached + s.pending.len() + 1;
+        let tokenizer = &self.model.tokenizer;
+        let verdict = check_sampled(&g.params, &g.tokens, token, total_after, max_pos, |t| {
+            tokenizer.decode(t)
+        })?;
+        if verdict.keep {
+            g.tokens.push(token);
+            g.logprobs.push(logprob);
+            s.push_sampled(token);
         }
-        g.tokens.push(token);
-        g.logprobs.push(logprob);
-        if !g.params.stop_strings.is_empty() {
-            // A new match must end in the last token, and every token decodes to at
-            // least one byte, so decoding the last (longest stop + 1) tokens suffices:
-            // O(stop length) per sampled token instead of re-decoding the generation.
-            let longest = g
-                .params
-                .stop_strings
-                .iter()
-                .map(String::len)
-                .max()
-                .unwrap_or(0);
-            let window = &g.tokens[g.tokens.len().saturating_sub(longest + 1)..];
-            let text = self.model.tokenizer.decode(window)?;
-            let last = self.model.tokenizer.decode(&[token])?;
-            if find_stop(&text, &g.params.stop_strings, last.len()).is_some() {
-                s.push_sampled(token);
-                return self.finish(seq, StopReason::StopString);
-            }
+        match verdict.stop {
+            Some(reason) => self.finish(seq, reason),
+            None => Ok(()),
         }
-        let reached_max = g.tokens.len() >= g.params.max_new_tokens;
-        s.push_sampled(token);
-        if reached_max {
-            return self.finish(seq, StopReason::MaxTokens);
-        }
-        if cached + s.pending.len() >= max_pos {
-            return self.finish(seq, StopReason::ContextFull);
-        }
-        Ok(())
     }
 
     /// Ends `seq`'s generation. Its last sampled token stays pending: it is fed (and

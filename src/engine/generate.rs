@@ -6,7 +6,7 @@ use crate::model::{
 
 use super::rng::SeqRng;
 use super::sampling::{sample, SampledToken, Sampling};
-use super::stop::StopReason;
+use super::stop::{check_sampled, GenParams, StopReason};
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -70,28 +70,38 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration
                 .unwrap_or_default();
         }
     }
-    let mut tokens = Vec::new();
+    let params = GenParams {
+        sampling: req.sampling,
+        max_new_tokens: req.max_new_tokens,
+        stop_tokens: req.stop_tokens.clone(),
+        stop_strings: Vec::new(),
+        seed: Vec::new(),
+    };
+    let mut tokens: Vec<SampledToken> = Vec::new();
+    let mut ids: Vec<TokenId> = Vec::new();
     let mut pos = req.prompt.len();
+    if req.max_new_tokens == 0 {
+        return Ok(SingleGeneration {
+            tokens,
+            stop: StopReason::MaxTokens,
+        });
+    }
     loop {
-        if tokens.len() >= req.max_new_tokens {
-            return Ok(SingleGeneration {
-                tokens,
-                stop: StopReason::MaxTokens,
-            });
-        }
         let next = sample(&logits, &req.sampling, &mut rng);
-        if req.stop_tokens.contains(&next.token) {
-            return Ok(SingleGeneration {
-                tokens,
-                stop: StopReason::StopToken,
-            });
+        let verdict = check_sampled(
+            &params,
+            &ids,
+            next.token,
+            pos + 1,
+            cfg.max_position_embeddings,
+            |_| Ok(String::new()),
+        )?;
+        if verdict.keep {
+            tokens.push(next);
+            ids.push(next.token);
         }
-        tokens.push(next);
-        if pos + 1 >= cfg.max_position_embeddings {
-            return Ok(SingleGeneration {
-                tokens,
-                stop: StopReason::ContextFull,
-            });
+        if let Some(stop) = verdict.stop {
+            return Ok(SingleGeneration { tokens, stop });
         }
         let out = model.forward(
             &ForwardBatch {

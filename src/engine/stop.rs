@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::TokenId;
+use crate::model::{ModelError, TokenId};
 
 use super::sampling::Sampling;
 
@@ -40,6 +40,73 @@ impl GenParams {
             stop_tokens: Vec::new(),
             stop_strings: Vec::new(),
             seed: Vec::new(),
+        }
+    }
+}
+
+/// The one finish check of every generation path (the batched engine and the
+/// single-sequence `generate`): after `token` was sampled following `generated`,
+/// whether the generation ends and whether `token` is part of its output.
+///
+/// In order: a stop token ends it (the token is not output); a stop string completed
+/// by the token ends it (the token is output); the token limit; then the context
+/// window, once `total_after` (the sequence's whole length with the token) reaches
+/// `max_positions`. `decode` turns tokens into text, for stop strings only.
+pub fn check_sampled(
+    params: &GenParams,
+    generated: &[TokenId],
+    token: TokenId,
+    total_after: usize,
+    max_positions: usize,
+    decode: impl Fn(&[TokenId]) -> Result<String, ModelError>,
+) -> Result<Verdict, ModelError> {
+    if params.stop_tokens.contains(&token) {
+        return Ok(Verdict::end(StopReason::StopToken, false));
+    }
+    if !params.stop_strings.is_empty() {
+        // A new match must end in the last token, and every token decodes to at least
+        // one byte, so decoding the last (longest stop + 1) tokens suffices: O(stop
+        // length) per sampled token instead of re-decoding the generation.
+        let longest = params
+            .stop_strings
+            .iter()
+            .map(String::len)
+            .max()
+            .unwrap_or(0);
+        let mut window = generated[generated.len().saturating_sub(longest)..].to_vec();
+        window.push(token);
+        let text = decode(&window)?;
+        let last = decode(&[token])?;
+        if find_stop(&text, &params.stop_strings, last.len()).is_some() {
+            return Ok(Verdict::end(StopReason::StopString, true));
+        }
+    }
+    if generated.len() + 1 >= params.max_new_tokens {
+        return Ok(Verdict::end(StopReason::MaxTokens, true));
+    }
+    if total_after >= max_positions {
+        return Ok(Verdict::end(StopReason::ContextFull, true));
+    }
+    Ok(Verdict {
+        keep: true,
+        stop: None,
+    })
+}
+
+/// What [`check_sampled`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// The sampled token is part of the output.
+    pub keep: bool,
+    /// The generation ends here, for this reason.
+    pub stop: Option<StopReason>,
+}
+
+impl Verdict {
+    fn end(reason: StopReason, keep: bool) -> Self {
+        Verdict {
+            keep,
+            stop: Some(reason),
         }
     }
 }
