@@ -21,5 +21,5 @@ pub use decode::peer_decode_tokens_per_second;
 pub use decode::{decode_prompt, engine_decode_tokens_per_second, DecodeSpeed};
 #[cfg(feature = "mistralrs")]
 pub use modes::run_mistralrs_chain;
-pub use modes::{default_modes, run_mode, BenchMode, BenchRun, BenchSettings};
+pub use modes::{default_modes, run_mode, BenchMode, BenchRun, BenchSettings, ModeKind};
 pub use report::{machine_info, markdown, BenchReport, MachineInfo};

@@ -25,11 +25,37 @@ pub struct ModeConfig {
     pub chains: Option<usize>,
 }
 
+/// The kind of a benchmark row (serialised as `chain`, `tree`, `tree-recompute`,
+/// `mistralrs-chain`: what `--only` takes besides labels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeKind {
+    /// G independent chains per prompt (GRPO), the baseline.
+    Chain,
+    /// Tree-GRPO, branches forking cached prefixes.
+    Tree,
+    /// Tree-GRPO re-sending every branch's prefix, as the reference implementation.
+    TreeRecompute,
+    /// The peer engine's chains.
+    MistralrsChain,
+}
+
+impl ModeKind {
+    /// The name `--only` and the JSON use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ModeKind::Chain => "chain",
+            ModeKind::Tree => "tree",
+            ModeKind::TreeRecompute => "tree-recompute",
+            ModeKind::MistralrsChain => "mistralrs-chain",
+        }
+    }
+}
+
 /// One row of the benchmark.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchMode {
-    /// `chain`, `tree`, `tree-recompute` (or `mistralrs-chain` for the peer).
-    pub mode: String,
+    pub mode: ModeKind,
     /// A unique name (what `--only` takes): the mode with its shape, e.g.
     /// `tree-2-2-1` or `tree-2-2-1-reference`.
     pub label: String,
@@ -41,7 +67,7 @@ pub struct BenchMode {
 impl BenchMode {
     pub fn chain(g: usize) -> Self {
         BenchMode {
-            mode: "chain".into(),
+            mode: ModeKind::Chain,
             label: format!("chain-{g}"),
             config: ModeConfig {
                 trees: g,
@@ -61,7 +87,7 @@ impl BenchMode {
             Selection::Reference => "-reference",
         };
         BenchMode {
-            mode: "tree".into(),
+            mode: ModeKind::Tree,
             label: format!("tree-{m}-{n}-{l}{sel}"),
             config: ModeConfig {
                 trees: m,
@@ -78,7 +104,7 @@ impl BenchMode {
     /// (M,N,L) with every branch's prefix re-sent, as the reference implementation does.
     pub fn tree_recompute(m: usize, n: usize, l: usize) -> Self {
         let mut mode = Self::tree(m, n, l, Selection::Paper);
-        mode.mode = "tree-recompute".into();
+        mode.mode = ModeKind::TreeRecompute;
         mode.label = format!("tree-recompute-{m}-{n}-{l}");
         mode.prefix_reuse = false;
         mode
@@ -129,7 +155,7 @@ pub struct BenchSettings {
 /// One mode's measured figures (a row of the table, an entry of `runs` in the JSON).
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchRun {
-    pub mode: String,
+    pub mode: ModeKind,
     pub label: String,
     pub config: ModeConfig,
     pub rollouts: usize,
@@ -155,7 +181,7 @@ impl BenchRun {
     pub fn from_summary(mode: &BenchMode, s: &RunSummary) -> Self {
         let computed = s.tokens.computed;
         BenchRun {
-            mode: mode.mode.clone(),
+            mode: mode.mode,
             label: mode.label.clone(),
             config: mode.config.clone(),
             rollouts: s.rollouts,
@@ -226,7 +252,7 @@ pub async fn run_mode(
 impl BenchRun {
     /// A row measured on the peer engine (its token figures are needed, not computed).
     pub fn is_peer(&self) -> bool {
-        self.mode.starts_with("mistralrs")
+        self.mode == ModeKind::MistralrsChain
     }
 }
 
@@ -255,7 +281,7 @@ pub async fn run_mistralrs_chain(
         run_mistralrs_chains(model_path, model.clone(), env, samples.to_vec(), workload).await?;
     let needed = s.prompt_tokens + s.observation_tokens + s.generated_tokens;
     let mut mode = BenchMode::chain(chains);
-    mode.mode = "mistralrs-chain".into();
+    mode.mode = ModeKind::MistralrsChain;
     mode.label = format!("mistralrs-chain-{chains}");
     Ok(BenchRun {
         mode: mode.mode,

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use super::decode::DecodeSpeed;
-use super::modes::{BenchRun, BenchSettings};
+use super::modes::{BenchRun, BenchSettings, ModeKind};
 
 /// Where the figures were measured.
 #[derive(Debug, Clone, Serialize)]
@@ -50,7 +50,12 @@ pub struct BenchReport {
 impl BenchReport {
     /// Fills in every run's ratios against the first `chain` run.
     pub fn fill_ratios(&mut self) {
-        let Some(chain) = self.runs.iter().find(|r| r.mode == "chain").cloned() else {
+        let Some(chain) = self
+            .runs
+            .iter()
+            .find(|r| r.mode == ModeKind::Chain)
+            .cloned()
+        else {
             return;
         };
         for r in &mut self.runs {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use clap::Args;
 use treegrpo::bench::{
     default_modes, engine_decode_tokens_per_second, machine_info, markdown, run_mode, BenchMode,
-    BenchReport, BenchSettings, DecodeSpeed,
+    BenchReport, BenchSettings, DecodeSpeed, ModeKind,
 };
 use treegrpo::engine::Sampling;
 use treegrpo::env::{EnvConfig, Task, TaskData};
@@ -92,7 +92,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     };
     let modes: Vec<_> = default_modes()
         .into_iter()
-        .filter(|m| a.only.is_empty() || a.only.iter().any(|o| *o == m.mode || *o == m.label))
+        .filter(|m| a.only.is_empty() || a.only.iter().any(|o| o == m.mode.name() || *o == m.label))
         .collect();
     let peer_wanted = cfg!(feature = "mistralrs")
         && (a.only.is_empty()
@@ -210,7 +210,7 @@ fn rows_in_order(modes: Vec<BenchMode>, peer_wanted: bool) -> Vec<Row> {
     let mut rows = Vec::with_capacity(modes.len() + 1);
     let mut peer_pending = peer_wanted;
     for mode in modes {
-        let is_chain = mode.mode == "chain";
+        let is_chain = mode.mode == ModeKind::Chain;
         rows.push(Row::Ours(mode));
         if is_chain && peer_pending {
             rows.extend(peer_row());
