@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::advantage::AdvantageMode;
 use crate::engine::{Engine, EngineConfig, Sampling};
 use crate::env::{Environment, QaSample};
 use crate::model::LoadedModel;
@@ -226,11 +225,8 @@ pub async fn run_mode(
             ..EngineConfig::default()
         },
     )?;
-    let advantage = if mode.config.chains.is_some() {
-        AdvantageMode::Grpo
-    } else {
-        AdvantageMode::Tree
-    };
+    let config = mode.tree_config(settings);
+    let advantage = config.default_advantage();
     let options = RunOptions {
         max_concurrent_prompts: settings.max_concurrent_prompts,
         ..RunOptions::new(advantage)
@@ -238,7 +234,7 @@ pub async fn run_mode(
     let request = RolloutRequest {
         env,
         samples: samples.to_vec(),
-        config: mode.tree_config(settings),
+        config,
         options,
     };
     let hooks = RunHooks {

@@ -11,7 +11,7 @@ use treegrpo::bench::{
     BenchReport, BenchSettings, DecodeSpeed, ModeKind,
 };
 use treegrpo::engine::Sampling;
-use treegrpo::env::{EnvConfig, Task, TaskData};
+use treegrpo::env::{Task, TaskData};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -66,18 +66,12 @@ pub struct BenchArgs {
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
-    let model_path = match &a.model {
-        Some(p) => p.clone(),
-        None => treegrpo::model::fetch::ensure_default_model(&mut |msg| eprintln!("{msg}"))?,
-    };
+    let model_path = treegrpo::model::fetch::model_path_or_default(a.model.as_deref(), &mut |m| {
+        eprintln!("{m}")
+    })?;
     let model = Arc::new(treegrpo::model::LoadedModel::load(&model_path)?);
     let data = TaskData::from_option(a.data.clone());
-    let env_cfg = EnvConfig {
-        max_turns: a.turns,
-        ..EnvConfig::default()
-    };
-    let env = a.task.environment(&data, env_cfg)?;
-    let samples = a.task.samples(&data, a.prompts)?;
+    let (env, samples) = a.task.setup(&data, a.turns, a.prompts)?;
     let settings = BenchSettings {
         prompts: samples.len(),
         seed: a.seed,

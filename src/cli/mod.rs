@@ -51,9 +51,6 @@ pub fn run() -> anyhow::Result<()> {
 pub(crate) fn load_model(
     path: Option<&std::path::Path>,
 ) -> anyhow::Result<treegrpo::model::LoadedModel> {
-    let path = match path {
-        Some(p) => p.to_path_buf(),
-        None => treegrpo::model::fetch::ensure_default_model(&mut |msg| eprintln!("{msg}"))?,
-    };
+    let path = treegrpo::model::fetch::model_path_or_default(path, &mut |m| eprintln!("{m}"))?;
     Ok(treegrpo::model::LoadedModel::load(&path)?)
 }

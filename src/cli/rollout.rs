@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Args;
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::engine::{Engine, EngineConfig, Sampling};
-use treegrpo::env::{EnvConfig, Task, TaskData};
+use treegrpo::env::{Task, TaskData};
 use treegrpo::rollout::{
     run_rollout, Interrupt, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, Selection,
     TreeConfig,
@@ -115,17 +115,8 @@ pub async fn execute(
     interrupt: Option<Interrupt>,
 ) -> anyhow::Result<RunSummary> {
     let data = TaskData::from_option(a.data.clone());
-    let env_cfg = EnvConfig {
-        max_turns: a.turns,
-        ..EnvConfig::default()
-    };
-    let env = a.task.environment(&data, env_cfg)?;
-    let samples = a.task.samples(&data, a.prompts)?;
-    let advantage = a.advantage.unwrap_or(if a.chains.is_some() {
-        AdvantageMode::Grpo
-    } else {
-        AdvantageMode::Tree
-    });
+    let (env, samples) = a.task.setup(&data, a.turns, a.prompts)?;
+    let advantage = a.advantage.unwrap_or(cfg.default_advantage());
     let progress = |p: treegrpo::rollout::Progress| {
         eprint!(
             "\r[{}/{} prompts] {} rollouts, {} tokens computed, {:.0} tok/s   ",

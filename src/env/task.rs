@@ -116,6 +116,21 @@ impl Task {
         })
     }
 
+    /// The task's environment with `max_turns` tool turns and its first `n` prompts:
+    /// what a run of the task needs.
+    pub fn setup(
+        self,
+        data: &TaskData,
+        max_turns: usize,
+        n: usize,
+    ) -> Result<(Arc<dyn Environment>, Vec<QaSample>), EnvError> {
+        let cfg = EnvConfig {
+            max_turns,
+            ..EnvConfig::default()
+        };
+        Ok((self.environment(data, cfg)?, self.samples(data, n)?))
+    }
+
     /// The first `n` prompts of the task's `train.jsonl`.
     pub fn samples(self, data: &TaskData, n: usize) -> Result<Vec<QaSample>, EnvError> {
         let (text, path) = self.read(data, "train.jsonl")?;

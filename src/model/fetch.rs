@@ -44,6 +44,17 @@ fn verified_marker(model: &Path) -> PathBuf {
 /// Returns the default model's path, fetching it first if absent.
 ///
 /// `progress` receives one-line status messages (the CLI prints them to stderr).
+/// `model` if given, else the default model's path (fetched on first use).
+pub fn model_path_or_default(
+    model: Option<&Path>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf, ModelError> {
+    match model {
+        Some(p) => Ok(p.to_path_buf()),
+        None => ensure_default_model(progress),
+    }
+}
+
 pub fn ensure_default_model(progress: &mut dyn FnMut(&str)) -> Result<PathBuf, ModelError> {
     // Tests call this from many threads at once: one fetch per process at a time.
     static FETCH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -49,6 +49,21 @@ pub struct TreeConfig {
 }
 
 impl TreeConfig {
+    /// Whether the search grows no branches (G chains): the GRPO baseline.
+    pub fn is_chains(&self) -> bool {
+        self.rounds == 0 || self.expand == 0
+    }
+
+    /// The advantage a run of this shape uses unless told otherwise: group-relative
+    /// over each prompt's chains (`grpo`), or Tree-GRPO's intra + inter-tree (`tree`).
+    pub fn default_advantage(&self) -> crate::advantage::AdvantageMode {
+        if self.is_chains() {
+            crate::advantage::AdvantageMode::Grpo
+        } else {
+            crate::advantage::AdvantageMode::Tree
+        }
+    }
+
     /// G independent chains per prompt: the GRPO baseline.
     pub fn chains(g: usize, sampling: Sampling, seed: u64) -> Self {
         TreeConfig {
