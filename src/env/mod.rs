@@ -9,6 +9,7 @@
 //! trajectory. Episodes are plain values, cloned to fork a tree.
 
 pub mod action;
+pub mod agent_loop;
 pub mod bm25;
 pub mod calc;
 pub mod calc_eval;
@@ -31,6 +32,7 @@ pub mod task;
 pub mod tool;
 
 pub use action::{parse_action, Action, ActionKind, InvalidReason};
+pub use agent_loop::{run_agent_loop, ModelStep, StepDone, StepModel};
 pub use calc::{CalcEnv, CalcTool};
 pub use corpus::{Corpus, Document};
 pub use environment::{Environment, Score, ScoreDetails, StepOutcome};

@@ -57,6 +57,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use async_trait::async_trait;
 use serde::Serialize;
 use tokio::sync::mpsc::Sender;
 use tokio::task::JoinSet;
@@ -66,7 +67,7 @@ use super::{
 };
 use crate::engine::stop::find_stop;
 use crate::engine::Sampling;
-use crate::env::{Environment, QaSample};
+use crate::env::{run_agent_loop, Environment, Episode, ModelStep, QaSample, StepDone, StepModel};
 use crate::model::{LoadedModel, TokenId};
 
 /// The chain workload's shape and settings.
@@ -329,47 +330,79 @@ impl ChainTotals {
     }
 }
 
-/// The agent loop of one chain (our `grow_branch` without trees).
+/// mistral.rs as the agent loop's model: each step is one request whose prompt is the
+/// chain's token ids so far; a non-final step's text and observation join the ids.
+struct PeerChain<'a> {
+    ctx: &'a ChainContext,
+    params: mistralrs::SamplingParams,
+    ids: Vec<TokenId>,
+    result: ChainResult,
+}
+
+#[async_trait]
+impl StepModel for PeerChain<'_> {
+    type Error = PeerError;
+
+    async fn step(&mut self, _index: usize) -> Result<ModelStep, PeerError> {
+        let ctx = self.ctx;
+        let c = complete(&ctx.tx, &self.ids, self.params.clone(), true, None).await?;
+        self.result.counters.add(&c);
+        let text = step_text(&c.text, &c.finish_reason, &c.token_texts, &ctx.stops);
+        let tokens = ctx.ours.tokenizer.encode(&text, true)?;
+        self.result.generated_tokens += tokens.len() as u64;
+        // mistral.rs reports log10 logprobs of its own tokens, not ours: none here.
+        Ok(ModelStep {
+            tokens,
+            logprobs: Vec::new(),
+            text,
+        })
+    }
+
+    async fn observe(&mut self, observation: &str) -> Result<Vec<TokenId>, PeerError> {
+        let ids = self.ctx.ours.tokenizer.encode(observation, false)?;
+        self.result.observation_tokens += ids.len() as u64;
+        Ok(ids)
+    }
+
+    async fn step_done(&mut self, done: StepDone, _episode: &Episode) -> Result<(), PeerError> {
+        if done.tool_call {
+            self.result.tool_calls += 1;
+        }
+        if !done.outcome.done {
+            self.ids.extend_from_slice(&done.step.tokens);
+            self.ids.extend_from_slice(&done.observation);
+        }
+        Ok(())
+    }
+}
+
+/// One chain through the shared agent loop (our `grow_branch` without trees).
 async fn run_chain(
     ctx: &ChainContext,
     sample: &QaSample,
     prompt: Vec<TokenId>,
 ) -> Result<ChainResult, PeerError> {
-    let tok = &ctx.ours.tokenizer;
     let params = sampling_params(
         &ctx.workload.sampling,
         ctx.workload.max_step_tokens,
         &ctx.peer_stops,
     );
     let mut episode = ctx.env.start(sample);
-    let mut result = ChainResult {
-        reward: 0.0,
-        prompt_tokens: prompt.len() as u64,
-        observation_tokens: 0,
-        generated_tokens: 0,
-        tool_calls: 0,
-        counters: Counters::default(),
+    let mut chain = PeerChain {
+        ctx,
+        params,
+        result: ChainResult {
+            reward: 0.0,
+            prompt_tokens: prompt.len() as u64,
+            observation_tokens: 0,
+            generated_tokens: 0,
+            tool_calls: 0,
+            counters: Counters::default(),
+        },
+        ids: prompt,
     };
-    let mut ids = prompt;
-    while !episode.is_done() {
-        let c = complete(&ctx.tx, &ids, params.clone(), true, None).await?;
-        result.counters.add(&c);
-        let text = step_text(&c.text, &c.finish_reason, &c.token_texts, &ctx.stops);
-        let step_ids = tok.encode(&text, true)?;
-        result.generated_tokens += step_ids.len() as u64;
-        let outcome = ctx.env.step(&mut episode, &text).await?;
-        if outcome.action.is_tool_call() {
-            result.tool_calls += 1;
-        }
-        if !outcome.done {
-            ids.extend_from_slice(&step_ids);
-            if let Some(obs) = &outcome.observation {
-                let obs_ids = tok.encode(obs, false)?;
-                result.observation_tokens += obs_ids.len() as u64;
-                ids.extend_from_slice(&obs_ids);
-            }
-        }
-    }
+    run_agent_loop(ctx.env.as_ref(), &mut episode, &mut chain, 0).await?;
+    let mut result = chain.result;
     result.reward = ctx.env.score(&episode).reward;
     Ok(result)
 }

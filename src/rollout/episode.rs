@@ -1,9 +1,13 @@
-//! Runs one agent episode through the engine: each step generates until a closing
-//! action tag (or the end of turn), the environment answers, and its observation is
-//! appended to the sequence as prompt tokens with loss mask 0.
+//! Runs one agent episode through the engine: the agent loop of `env` with our engine
+//! as its model — each step generates until a closing action tag (or the end of turn),
+//! the environment answers, and its observation is appended to the sequence as prompt
+//! tokens with loss mask 0.
+
+use async_trait::async_trait;
 
 use crate::engine::{Engine, GenParams, Sampling};
-use crate::env::{Environment, Episode, QaSample};
+use crate::env::{run_agent_loop, Environment, Episode, ModelStep, QaSample, StepDone, StepModel};
+use crate::kv::SeqId;
 use crate::model::TokenId;
 
 use super::error::RolloutError;
@@ -29,6 +33,61 @@ impl Default for EpisodeParams {
     }
 }
 
+/// Our engine as the agent loop's model: one sequence, generating each step and
+/// appending each observation, building the trajectory as it goes.
+struct EpisodeModel<'a> {
+    engine: &'a Engine,
+    seq: SeqId,
+    params: &'a EpisodeParams,
+    stop_strings: Vec<String>,
+    stop_tokens: Vec<TokenId>,
+    traj: Trajectory,
+}
+
+#[async_trait]
+impl StepModel for EpisodeModel<'_> {
+    type Error = RolloutError;
+
+    async fn step(&mut self, index: usize) -> Result<ModelStep, RolloutError> {
+        let mut seed = self.params.seed.clone();
+        seed.push(index as u64);
+        let gen = self
+            .engine
+            .generate(
+                self.seq,
+                GenParams {
+                    sampling: self.params.sampling,
+                    max_new_tokens: self.params.max_step_tokens,
+                    stop_tokens: self.stop_tokens.clone(),
+                    stop_strings: self.stop_strings.clone(),
+                    seed,
+                },
+            )
+            .await?;
+        let text = self.engine.model().tokenizer.decode(&gen.tokens)?;
+        Ok(ModelStep {
+            tokens: gen.tokens,
+            logprobs: gen.logprobs,
+            text,
+        })
+    }
+
+    async fn observe(&mut self, observation: &str) -> Result<Vec<TokenId>, RolloutError> {
+        let ids = self.engine.model().tokenizer.encode(observation, false)?;
+        self.engine.append(self.seq, ids.clone()).await?;
+        Ok(ids)
+    }
+
+    async fn step_done(&mut self, done: StepDone, _episode: &Episode) -> Result<(), RolloutError> {
+        self.traj.push_model(&done.step.tokens, &done.step.logprobs);
+        self.traj.num_turns += 1;
+        if !done.observation.is_empty() {
+            self.traj.push_observation(&done.observation);
+        }
+        Ok(())
+    }
+}
+
 /// Runs `sample` to the end in `env`; returns the trajectory and the environment's
 /// record of the episode (step texts, actions, observations).
 pub async fn run_episode(
@@ -41,41 +100,18 @@ pub async fn run_episode(
     let mut episode = env.start(sample);
     let prompt_ids = model.chat_prompt(episode.prompt())?;
     let seq = engine.add_sequence(prompt_ids.clone()).await?;
-    let mut traj = Trajectory::new(prompt_ids);
-    let stop_strings = env.stop_strings();
-    let stop_tokens: Vec<TokenId> = model.tokenizer.eos_ids().to_vec();
-    let result = async {
-        while !episode.is_done() {
-            let mut seed = params.seed.clone();
-            seed.push(traj.num_turns as u64);
-            let gen = engine
-                .generate(
-                    seq,
-                    GenParams {
-                        sampling: params.sampling,
-                        max_new_tokens: params.max_step_tokens,
-                        stop_tokens: stop_tokens.clone(),
-                        stop_strings: stop_strings.clone(),
-                        seed,
-                    },
-                )
-                .await?;
-            traj.push_model(&gen.tokens, &gen.logprobs);
-            traj.num_turns += 1;
-            let text = model.tokenizer.decode(&gen.tokens)?;
-            let outcome = env.step(&mut episode, &text).await?;
-            if let Some(obs) = outcome.observation.filter(|_| !outcome.done) {
-                // Observations are untrusted text: special-token markers stay text.
-                let ids = model.tokenizer.encode(&obs, false)?;
-                engine.append(seq, ids.clone()).await?;
-                traj.push_observation(&ids);
-            }
-        }
-        Ok::<(), RolloutError>(())
-    }
-    .await;
+    let mut agent = EpisodeModel {
+        engine,
+        seq,
+        params,
+        stop_strings: env.stop_strings(),
+        stop_tokens: model.tokenizer.eos_ids().to_vec(),
+        traj: Trajectory::new(prompt_ids),
+    };
+    let result = run_agent_loop(env, &mut episode, &mut agent, 0).await;
     engine.free(seq).await?;
     result?;
+    let mut traj = agent.traj;
     let score = env.score(&episode);
     traj.reward = score.reward;
     traj.score = Some(score);

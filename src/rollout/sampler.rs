@@ -17,11 +17,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
 use crate::engine::{Engine, GenParams, Sampling, SeqRng, SeqUsage};
-use crate::env::{Environment, Episode, QaSample};
+use crate::env::{run_agent_loop, Environment, Episode, ModelStep, QaSample, StepDone, StepModel};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
@@ -261,7 +262,7 @@ pub async fn sample_prompt_forest(
                         prompt_index,
                         t as u64,
                         round as u64,
-                        0x5E1,
+                        SELECT_SALT,
                     ]);
                     select_nodes(cfg.selection, &trees[t].inner_steps(), cfg.expand, &mut rng)
                 };
@@ -276,21 +277,26 @@ pub async fn sample_prompt_forest(
                     }
                     ctx.engine.wait_for_kv_room(0).await?;
                     let rt = &runtime[t][&start];
-                    let snapshot = rt.snapshot;
-                    let ep = rt.episode.clone();
-                    let prefix = if cfg.prefix_reuse {
-                        None
-                    } else {
-                        Some(prefix_tokens(&prompt_ids, &trees[t], start))
+                    let from = match (cfg.prefix_reuse, rt.snapshot) {
+                        (true, Some(snapshot)) => BranchStart::Fork(snapshot),
+                        (true, None) => {
+                            return Err(RolloutError::Task(format!(
+                                "tree {t}: node {start} has no snapshot to branch from"
+                            )))
+                        }
+                        (false, _) => BranchStart::Resend {
+                            prefix: prefix_tokens(&prompt_ids, &trees[t], start),
+                            // Everything but the very first chain re-sends tokens
+                            // computed before.
+                            recomputed: round > 0 || t > 0,
+                        },
                     };
+                    let ep = rt.episode.clone();
                     let depth = trees[t].nodes[start].depth;
                     let seed = vec![cfg.seed, prompt_index, t as u64, branch];
-                    // Everything but the very first chain re-sends tokens computed before.
-                    let resent = round > 0 || t > 0;
                     let ctx = ctx.clone();
                     jobs.spawn(async move {
-                        let grown =
-                            grow_branch(&ctx, snapshot, prefix, resent, ep, depth, seed).await;
+                        let grown = grow_branch(&ctx, from, ep, depth, seed).await;
                         (t, branch, start, grown)
                     });
                 }
@@ -358,7 +364,7 @@ pub async fn sample_prompt_forest(
     if let Some(k) = cfg.keep {
         for tree in trees.iter_mut() {
             let mut rng =
-                SeqRng::from_parts(&[cfg.seed, prompt_index, tree.tree_id as u64, 0x4EE9]);
+                SeqRng::from_parts(&[cfg.seed, prompt_index, tree.tree_id as u64, KEEP_SALT]);
             keep_leaves(tree, k, &mut rng);
         }
     }
@@ -415,116 +421,161 @@ fn prefix_tokens(prompt: &[TokenId], tree: &Tree, node: usize) -> Vec<TokenId> {
     out
 }
 
-/// Grows a branch from a node to the end of its episode.
+/// Where a branch's sequence starts.
+enum BranchStart {
+    /// A fork of the node's snapshot: the prefix is shared, nothing is recomputed.
+    Fork(SeqId),
+    /// The whole prefix re-sent as a new prompt, as the reference implementation does;
+    /// `recomputed` when those tokens were computed before (every branch but a
+    /// prompt's very first chain), so they count as recomputed.
+    Resend {
+        prefix: Vec<TokenId>,
+        recomputed: bool,
+    },
+}
+
+/// Seed salt of the node selection of a round (`[seed, prompt, tree, round, salt]`).
+const SELECT_SALT: u64 = 0x5E1;
+/// Seed salt of the K kept leaves of a tree (`[seed, prompt, tree, salt]`).
+const KEEP_SALT: u64 = 0x4EE9;
+
+/// A branch as the agent loop's model: its sequence generates each step, each
+/// non-final step's observation is computed and the node's end kept as a snapshot.
+struct BranchModel<'a> {
+    ctx: &'a SamplerContext,
+    seq: SeqId,
+    /// Seed words of the branch; the step's depth is appended per step.
+    seed: Vec<u64>,
+    stop_strings: Vec<String>,
+    stop_tokens: Vec<TokenId>,
+    grown: Vec<Grown>,
+    cost: ForestCost,
+}
+
+#[async_trait]
+impl StepModel for BranchModel<'_> {
+    type Error = RolloutError;
+
+    async fn step(&mut self, depth: usize) -> Result<ModelStep, RolloutError> {
+        let engine = &self.ctx.engine;
+        let mut seed = self.seed.clone();
+        seed.push(depth as u64);
+        let gen = engine
+            .generate(
+                self.seq,
+                GenParams {
+                    sampling: self.ctx.config.sampling,
+                    max_new_tokens: self.ctx.config.max_step_tokens,
+                    stop_tokens: self.stop_tokens.clone(),
+                    stop_strings: self.stop_strings.clone(),
+                    seed,
+                },
+            )
+            .await?;
+        let text = engine.model().tokenizer.decode(&gen.tokens)?;
+        Ok(ModelStep {
+            tokens: gen.tokens,
+            logprobs: gen.logprobs,
+            text,
+        })
+    }
+
+    async fn observe(&mut self, observation: &str) -> Result<Vec<TokenId>, RolloutError> {
+        let engine = &self.ctx.engine;
+        let ids = engine.model().tokenizer.encode(observation, false)?;
+        self.cost.observation_tokens += ids.len() as u64;
+        engine.append(self.seq, ids.clone()).await?;
+        Ok(ids)
+    }
+
+    async fn step_done(&mut self, done: StepDone, episode: &Episode) -> Result<(), RolloutError> {
+        let engine = &self.ctx.engine;
+        if done.tool_call {
+            self.cost.tool_calls += 1;
+        }
+        let outcome = done.outcome;
+        let mut node = Node::root();
+        node.depth = done.index + 1;
+        node.tokens = done.step.tokens;
+        node.logprobs = done.step.logprobs;
+        node.text = done.step.text;
+        node.action = Some(outcome.action);
+        node.observation = outcome.observation;
+        node.terminal = outcome.done;
+        node.obs_tokens = done.observation;
+        let mut snapshot = None;
+        if outcome.done {
+            node.reward = Some(self.ctx.env.score(episode).reward);
+        } else {
+            // Compute the observation now and keep a snapshot of the node's end, so
+            // later branches from here start without recomputing anything.
+            engine.prefill(self.seq).await?;
+            if self.ctx.config.prefix_reuse && self.ctx.config.rounds > 0 {
+                snapshot = Some(engine.fork(self.seq).await?);
+            }
+        }
+        self.grown.push(Grown {
+            node,
+            snapshot,
+            episode: episode.clone(),
+        });
+        Ok(())
+    }
+}
+
+/// Grows a branch from a node (at `start_depth`) to the end of its episode.
 async fn grow_branch(
     ctx: &SamplerContext,
-    snapshot: Option<SeqId>,
-    prefix: Option<Vec<TokenId>>,
-    resent: bool,
+    start: BranchStart,
     mut episode: Episode,
     start_depth: usize,
     seed: Vec<u64>,
 ) -> Result<BranchOutcome, RolloutError> {
     let engine = &ctx.engine;
     let mut cost = ForestCost::default();
-    let model = engine.model().clone();
-    let seq = match (&prefix, snapshot) {
-        // Reference behaviour: the whole prefix is sent again and recomputed.
-        (Some(tokens), _) => match engine.add_sequence(tokens.clone()).await {
-            Ok(seq) => {
-                if resent {
-                    cost.recomputed += tokens.len() as u64;
+    let failed = |cost, e: crate::engine::EngineError| BranchOutcome {
+        grown: Vec::new(),
+        cost,
+        failure: Some((0, e.to_string())),
+    };
+    let seq = match start {
+        BranchStart::Fork(snapshot) => engine.fork(snapshot).await?,
+        BranchStart::Resend { prefix, recomputed } => {
+            match engine.add_sequence(prefix.clone()).await {
+                Ok(seq) => {
+                    if recomputed {
+                        cost.recomputed += prefix.len() as u64;
+                    }
+                    seq
                 }
-                seq
+                Err(e) if e.is_sequence_limit() => return Ok(failed(cost, e)),
+                Err(e) => return Err(e.into()),
             }
-            Err(e) if e.is_sequence_limit() => {
-                return Ok(BranchOutcome {
-                    grown: Vec::new(),
-                    cost,
-                    failure: Some((0, e.to_string())),
-                })
-            }
-            Err(e) => return Err(e.into()),
-        },
-        (None, Some(s)) => engine.fork(s).await?,
-        (None, None) => {
-            return Err(RolloutError::Engine(
-                crate::engine::EngineError::EmptySequence(SeqId::from_slot(usize::MAX)),
-            ))
         }
     };
-    let stop_strings = ctx.env.stop_strings();
-    let stop_tokens = model.tokenizer.eos_ids().to_vec();
-    let mut out = Vec::new();
-    let mut depth = start_depth;
-    let result = async {
-        while !episode.is_done() {
-            let mut s = seed.clone();
-            s.push(depth as u64);
-            let gen = engine
-                .generate(
-                    seq,
-                    GenParams {
-                        sampling: ctx.config.sampling,
-                        max_new_tokens: ctx.config.max_step_tokens,
-                        stop_tokens: stop_tokens.clone(),
-                        stop_strings: stop_strings.clone(),
-                        seed: s,
-                    },
-                )
-                .await?;
-            depth += 1;
-            let text = model.tokenizer.decode(&gen.tokens)?;
-            let outcome = ctx.env.step(&mut episode, &text).await?;
-            if outcome.action.is_tool_call() {
-                cost.tool_calls += 1;
-            }
-            let mut node = Node::root();
-            node.depth = depth;
-            node.tokens = gen.tokens;
-            node.logprobs = gen.logprobs;
-            node.text = text;
-            node.action = Some(outcome.action.clone());
-            node.observation = outcome.observation.clone();
-            node.terminal = outcome.done;
-            let mut snap = None;
-            if !outcome.done {
-                if let Some(obs) = &outcome.observation {
-                    let ids = model.tokenizer.encode(obs, false)?;
-                    cost.observation_tokens += ids.len() as u64;
-                    engine.append(seq, ids.clone()).await?;
-                    node.obs_tokens = ids;
-                }
-                // Compute the observation now and keep a snapshot of the node's end,
-                // so later branches from here start without recomputing anything.
-                engine.prefill(seq).await?;
-                if ctx.config.prefix_reuse && ctx.config.rounds > 0 {
-                    snap = Some(engine.fork(seq).await?);
-                }
-            } else {
-                let score = ctx.env.score(&episode);
-                node.reward = Some(score.reward);
-            }
-            out.push(Grown {
-                node,
-                snapshot: snap,
-                episode: episode.clone(),
-            });
-        }
-        Ok::<(), RolloutError>(())
-    }
-    .await;
-    let usage = engine.free(seq).await?;
-    cost.usage.add(&usage);
+    let mut branch = BranchModel {
+        ctx,
+        seq,
+        seed,
+        stop_strings: ctx.env.stop_strings(),
+        stop_tokens: engine.model().tokenizer.eos_ids().to_vec(),
+        grown: Vec::new(),
+        cost,
+    };
+    let result = run_agent_loop(ctx.env.as_ref(), &mut episode, &mut branch, start_depth).await;
+    let BranchModel {
+        grown, mut cost, ..
+    } = branch;
+    cost.usage.add(&engine.free(seq).await?);
     match result {
         Ok(()) => Ok(BranchOutcome {
-            grown: out,
+            grown,
             cost,
             failure: None,
         }),
         // One sequence of this branch cannot fit: the branch fails, the run goes on.
         Err(RolloutError::Engine(e)) if e.is_sequence_limit() => {
-            for g in &out {
+            for g in &grown {
                 if let Some(s) = g.snapshot {
                     add_snapshot_usage(&mut cost, &engine.free(s).await?);
                 }
@@ -532,7 +583,7 @@ async fn grow_branch(
             Ok(BranchOutcome {
                 grown: Vec::new(),
                 cost,
-                failure: Some((out.len(), e.to_string())),
+                failure: Some((grown.len(), e.to_string())),
             })
         }
         Err(e) => Err(e),
