@@ -13,38 +13,13 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use common::rng::Rng;
 use common::tiny::{Flavour, TinyModel};
 use treegrpo::engine::{
     Engine, EngineConfig, EngineCore, EngineError, GenParams, Generation, Sampling, SeqUsage,
 };
 use treegrpo::kv::SeqId;
 use treegrpo::model::{LoadedModel, ModelError, TokenId};
-
-/// xorshift64*: tiny, seeded, stable.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<TokenId> {
-        (0..n).map(|_| self.below(vocab) as TokenId).collect()
-    }
-}
 
 /// The tiny llama with Q8_0 matrices: on our quantised kernel every row's arithmetic
 /// is independent of the batch, so a recompute must be bit-identical. (Dense weights

@@ -16,50 +16,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::max_abs_diff;
+use common::rng::Rng;
 use common::tiny::{logits_all, Flavour, TinyModel};
 use treegrpo::engine::{
     EngineConfig, EngineCore, EngineError, GenParams, Generation, Sampling, StopReason,
 };
 use treegrpo::kv::{PinId, SeqId};
 use treegrpo::model::{LoadedModel, ModelError, TokenId};
-
-/// xorshift64*: tiny, seeded, stable.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
-
-    fn pick<T: Copy>(&mut self, v: &[T]) -> Option<T> {
-        (!v.is_empty()).then(|| v[self.below(v.len())])
-    }
-
-    fn tokens(&mut self, n: usize, vocab: usize) -> Vec<TokenId> {
-        (0..n).map(|_| self.below(vocab) as TokenId).collect()
-    }
-}
 
 /// The tiny llama written as a GGUF (f32 weights) and loaded the way the product loads.
 fn tiny_model() -> Arc<LoadedModel> {

@@ -33,37 +33,32 @@ impl Default for EpisodeParams {
     }
 }
 
-/// Our engine as the agent loop's model: one sequence, generating each step and
-/// appending each observation, building the trajectory as it goes.
-struct EpisodeModel<'a> {
-    engine: &'a Engine,
-    seq: SeqId,
-    params: &'a EpisodeParams,
-    stop_strings: Vec<String>,
-    stop_tokens: Vec<TokenId>,
-    traj: Trajectory,
+/// One engine sequence producing an agent's steps: what the episode and the tree
+/// branch share (each keeps its own record of the steps).
+pub(crate) struct EngineSteps<'a> {
+    pub engine: &'a Engine,
+    pub seq: SeqId,
+    pub sampling: Sampling,
+    pub max_step_tokens: usize,
+    /// Seed words; the step index is appended so each step has its own RNG stream.
+    pub seed: Vec<u64>,
+    pub stop_strings: Vec<String>,
+    pub stop_tokens: Vec<TokenId>,
 }
 
-#[async_trait]
-impl StepModel for EpisodeModel<'_> {
-    type Error = RolloutError;
-
-    async fn step(&mut self, index: usize) -> Result<ModelStep, RolloutError> {
-        let mut seed = self.params.seed.clone();
+impl EngineSteps<'_> {
+    /// Generates the `index`-th step.
+    pub async fn step(&self, index: usize) -> Result<ModelStep, RolloutError> {
+        let mut seed = self.seed.clone();
         seed.push(index as u64);
-        let gen = self
-            .engine
-            .generate(
-                self.seq,
-                GenParams {
-                    sampling: self.params.sampling,
-                    max_new_tokens: self.params.max_step_tokens,
-                    stop_tokens: self.stop_tokens.clone(),
-                    stop_strings: self.stop_strings.clone(),
-                    seed,
-                },
-            )
-            .await?;
+        let params = GenParams {
+            sampling: self.sampling,
+            max_new_tokens: self.max_step_tokens,
+            stop_tokens: self.stop_tokens.clone(),
+            stop_strings: self.stop_strings.clone(),
+            seed,
+        };
+        let gen = self.engine.generate(self.seq, params).await?;
         let text = self.engine.model().tokenizer.decode(&gen.tokens)?;
         Ok(ModelStep {
             tokens: gen.tokens,
@@ -72,10 +67,30 @@ impl StepModel for EpisodeModel<'_> {
         })
     }
 
-    async fn observe(&mut self, observation: &str) -> Result<Vec<TokenId>, RolloutError> {
+    /// Appends an observation to the sequence (special-token markers stay text).
+    pub async fn observe(&self, observation: &str) -> Result<Vec<TokenId>, RolloutError> {
         let ids = self.engine.model().tokenizer.encode(observation, false)?;
         self.engine.append(self.seq, ids.clone()).await?;
         Ok(ids)
+    }
+}
+
+/// Our engine as the agent loop's model, building the trajectory as it goes.
+struct EpisodeModel<'a> {
+    steps: EngineSteps<'a>,
+    traj: Trajectory,
+}
+
+#[async_trait]
+impl StepModel for EpisodeModel<'_> {
+    type Error = RolloutError;
+
+    async fn step(&mut self, index: usize) -> Result<ModelStep, RolloutError> {
+        self.steps.step(index).await
+    }
+
+    async fn observe(&mut self, observation: &str) -> Result<Vec<TokenId>, RolloutError> {
+        self.steps.observe(observation).await
     }
 
     async fn step_done(&mut self, done: StepDone, _episode: &Episode) -> Result<(), RolloutError> {
@@ -101,11 +116,15 @@ pub async fn run_episode(
     let prompt_ids = model.chat_prompt(episode.prompt())?;
     let seq = engine.add_sequence(prompt_ids.clone()).await?;
     let mut agent = EpisodeModel {
-        engine,
-        seq,
-        params,
-        stop_strings: env.stop_strings(),
-        stop_tokens: model.tokenizer.eos_ids().to_vec(),
+        steps: EngineSteps {
+            engine,
+            seq,
+            sampling: params.sampling,
+            max_step_tokens: params.max_step_tokens,
+            seed: params.seed.clone(),
+            stop_strings: env.stop_strings(),
+            stop_tokens: model.tokenizer.eos_ids().to_vec(),
+        },
         traj: Trajectory::new(prompt_ids),
     };
     let result = run_agent_loop(env, &mut episode, &mut agent, 0).await;

@@ -6,6 +6,7 @@
 //! - [`episode`]: runs one agent episode step by step.
 //! - [`forest`]: trees of agent steps as plain data.
 //! - [`select`]: which nodes grow branches (`paper` / `reference`).
+//! - `branch`: one branch of a tree through the shared agent loop.
 //! - [`sampler`]: the tree sampler (M trees, N branches, L rounds, K kept) and the
 //!   chain baseline, with fork-based prefix reuse or reference-style recomputation.
 //! - [`export`]: advantages and per-leaf records from finished trees.
@@ -13,6 +14,7 @@
 //!   accounting, token budget, interruption, summary.
 //! - [`output`]: the run's files written as prompts finish, and `forest.jsonl` read back.
 
+mod branch;
 pub mod episode;
 pub mod error;
 pub mod export;

@@ -17,17 +17,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
-use crate::engine::{Engine, GenParams, Sampling, SeqRng, SeqUsage};
-use crate::env::{run_agent_loop, Environment, Episode, ModelStep, QaSample, StepDone, StepModel};
+use crate::engine::{Engine, Sampling, SeqRng, SeqUsage};
+use crate::env::{Environment, Episode, QaSample};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
+use super::branch::{add_snapshot_usage, grow_branch, BranchStart};
 use super::error::RolloutError;
-use super::forest::{Node, Tree};
+use super::forest::Tree;
 use super::select::{select_nodes, Selection};
 
 /// Shape of the search and how to sample.
@@ -132,22 +132,6 @@ pub struct Forest {
     pub failed: Vec<FailedBranch>,
     pub cost: ForestCost,
     pub wall_seconds: f64,
-}
-
-/// What growing one branch came to.
-struct BranchOutcome {
-    grown: Vec<Grown>,
-    cost: ForestCost,
-    /// Steps completed and the error, when a sequence limit stopped the branch.
-    failure: Option<(usize, String)>,
-}
-
-/// A step node as grown, plus what is needed to branch from it later.
-struct Grown {
-    node: Node,
-    /// The sequence kept at the node's end (inner nodes only).
-    snapshot: Option<SeqId>,
-    episode: Episode,
 }
 
 /// What a node needs at run time: its snapshot sequence and episode state.
@@ -377,14 +361,6 @@ pub async fn sample_prompt_forest(
     })
 }
 
-/// Adds a freed snapshot's usage to a forest's cost. A snapshot only holds a prefix
-/// for later branches: it computes nothing (a fork of it does the computing, even a
-/// recompute after it was preempted), but its preemptions are counted.
-fn add_snapshot_usage(cost: &mut ForestCost, usage: &SeqUsage) {
-    debug_assert_eq!(usage.computed(), 0, "a snapshot computed tokens");
-    cost.usage.preemptions += usage.preemptions;
-}
-
 /// Adds and prefills the prompt every tree forks from. `Ok(Err(message))` when the
 /// prompt itself cannot fit the KV pool or the context window.
 async fn prefill_root(
@@ -421,174 +397,10 @@ fn prefix_tokens(prompt: &[TokenId], tree: &Tree, node: usize) -> Vec<TokenId> {
     out
 }
 
-/// Where a branch's sequence starts.
-enum BranchStart {
-    /// A fork of the node's snapshot: the prefix is shared, nothing is recomputed.
-    Fork(SeqId),
-    /// The whole prefix re-sent as a new prompt, as the reference implementation does;
-    /// `recomputed` when those tokens were computed before (every branch but a
-    /// prompt's very first chain), so they count as recomputed.
-    Resend {
-        prefix: Vec<TokenId>,
-        recomputed: bool,
-    },
-}
-
 /// Seed salt of the node selection of a round (`[seed, prompt, tree, round, salt]`).
 const SELECT_SALT: u64 = 0x5E1;
 /// Seed salt of the K kept leaves of a tree (`[seed, prompt, tree, salt]`).
 const KEEP_SALT: u64 = 0x4EE9;
-
-/// A branch as the agent loop's model: its sequence generates each step, each
-/// non-final step's observation is computed and the node's end kept as a snapshot.
-struct BranchModel<'a> {
-    ctx: &'a SamplerContext,
-    seq: SeqId,
-    /// Seed words of the branch; the step's depth is appended per step.
-    seed: Vec<u64>,
-    stop_strings: Vec<String>,
-    stop_tokens: Vec<TokenId>,
-    grown: Vec<Grown>,
-    cost: ForestCost,
-}
-
-#[async_trait]
-impl StepModel for BranchModel<'_> {
-    type Error = RolloutError;
-
-    async fn step(&mut self, depth: usize) -> Result<ModelStep, RolloutError> {
-        let engine = &self.ctx.engine;
-        let mut seed = self.seed.clone();
-        seed.push(depth as u64);
-        let gen = engine
-            .generate(
-                self.seq,
-                GenParams {
-                    sampling: self.ctx.config.sampling,
-                    max_new_tokens: self.ctx.config.max_step_tokens,
-                    stop_tokens: self.stop_tokens.clone(),
-                    stop_strings: self.stop_strings.clone(),
-                    seed,
-                },
-            )
-            .await?;
-        let text = engine.model().tokenizer.decode(&gen.tokens)?;
-        Ok(ModelStep {
-            tokens: gen.tokens,
-            logprobs: gen.logprobs,
-            text,
-        })
-    }
-
-    async fn observe(&mut self, observation: &str) -> Result<Vec<TokenId>, RolloutError> {
-        let engine = &self.ctx.engine;
-        let ids = engine.model().tokenizer.encode(observation, false)?;
-        self.cost.observation_tokens += ids.len() as u64;
-        engine.append(self.seq, ids.clone()).await?;
-        Ok(ids)
-    }
-
-    async fn step_done(&mut self, done: StepDone, episode: &Episode) -> Result<(), RolloutError> {
-        let engine = &self.ctx.engine;
-        if done.tool_call {
-            self.cost.tool_calls += 1;
-        }
-        let outcome = done.outcome;
-        let mut node = Node::root();
-        node.depth = done.index + 1;
-        node.tokens = done.step.tokens;
-        node.logprobs = done.step.logprobs;
-        node.text = done.step.text;
-        node.action = Some(outcome.action);
-        node.observation = outcome.observation;
-        node.terminal = outcome.done;
-        node.obs_tokens = done.observation;
-        let mut snapshot = None;
-        if outcome.done {
-            node.reward = Some(self.ctx.env.score(episode).reward);
-        } else {
-            // Compute the observation now and keep a snapshot of the node's end, so
-            // later branches from here start without recomputing anything.
-            engine.prefill(self.seq).await?;
-            if self.ctx.config.prefix_reuse && self.ctx.config.rounds > 0 {
-                snapshot = Some(engine.fork(self.seq).await?);
-            }
-        }
-        self.grown.push(Grown {
-            node,
-            snapshot,
-            episode: episode.clone(),
-        });
-        Ok(())
-    }
-}
-
-/// Grows a branch from a node (at `start_depth`) to the end of its episode.
-async fn grow_branch(
-    ctx: &SamplerContext,
-    start: BranchStart,
-    mut episode: Episode,
-    start_depth: usize,
-    seed: Vec<u64>,
-) -> Result<BranchOutcome, RolloutError> {
-    let engine = &ctx.engine;
-    let mut cost = ForestCost::default();
-    let failed = |cost, e: crate::engine::EngineError| BranchOutcome {
-        grown: Vec::new(),
-        cost,
-        failure: Some((0, e.to_string())),
-    };
-    let seq = match start {
-        BranchStart::Fork(snapshot) => engine.fork(snapshot).await?,
-        BranchStart::Resend { prefix, recomputed } => {
-            match engine.add_sequence(prefix.clone()).await {
-                Ok(seq) => {
-                    if recomputed {
-                        cost.recomputed += prefix.len() as u64;
-                    }
-                    seq
-                }
-                Err(e) if e.is_sequence_limit() => return Ok(failed(cost, e)),
-                Err(e) => return Err(e.into()),
-            }
-        }
-    };
-    let mut branch = BranchModel {
-        ctx,
-        seq,
-        seed,
-        stop_strings: ctx.env.stop_strings(),
-        stop_tokens: engine.model().tokenizer.eos_ids().to_vec(),
-        grown: Vec::new(),
-        cost,
-    };
-    let result = run_agent_loop(ctx.env.as_ref(), &mut episode, &mut branch, start_depth).await;
-    let BranchModel {
-        grown, mut cost, ..
-    } = branch;
-    cost.usage.add(&engine.free(seq).await?);
-    match result {
-        Ok(()) => Ok(BranchOutcome {
-            grown,
-            cost,
-            failure: None,
-        }),
-        // One sequence of this branch cannot fit: the branch fails, the run goes on.
-        Err(RolloutError::Engine(e)) if e.is_sequence_limit() => {
-            for g in &grown {
-                if let Some(s) = g.snapshot {
-                    add_snapshot_usage(&mut cost, &engine.free(s).await?);
-                }
-            }
-            Ok(BranchOutcome {
-                grown: Vec::new(),
-                cost,
-                failure: Some((grown.len(), e.to_string())),
-            })
-        }
-        Err(e) => Err(e),
-    }
-}
 
 /// Keeps `k` leaves chosen at random and drops nodes left without a leaf below.
 fn keep_leaves(tree: &mut Tree, k: usize, rng: &mut SeqRng) {
