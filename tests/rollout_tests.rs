@@ -12,7 +12,8 @@ use treegrpo::env::{load_samples, EnvConfig, Environment, SearchQaEnv, DEFAULT_T
 use treegrpo::model::LoadedModel;
 use treegrpo::rollout::export::TrajectoryRecord;
 use treegrpo::rollout::{
-    run_rollout, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, Selection, TreeConfig,
+    run_rollout, Output, RolloutRequest, RolloutResult, RunHooks, RunOptions, RunSummary,
+    Selection, TreeConfig,
 };
 
 fn data(f: &str) -> PathBuf {
@@ -68,7 +69,8 @@ fn run_with(
         prefix_cache: cfg.prefix_reuse,
         ..EngineConfig::default()
     };
-    run_on(model, cfg, engine, out, options, 2)
+    let (result, computed) = run_on(model, cfg, engine, out, options, 2);
+    (result.summary, result.records, computed)
 }
 
 /// Runs the first `prompts` training questions on an engine of the given config.
@@ -79,7 +81,7 @@ fn run_on(
     out: Option<&Path>,
     options: RunOptions,
     prompts: usize,
-) -> (RunSummary, Vec<TrajectoryRecord>, u64) {
+) -> (RolloutResult, u64) {
     let engine = Engine::start(model.clone(), engine).unwrap();
     let env: Arc<dyn Environment> = Arc::new(
         SearchQaEnv::from_corpus_file(&data("corpus.jsonl"), DEFAULT_TOP_K, EnvConfig::default())
@@ -112,21 +114,7 @@ fn run_on(
         .unwrap();
     if let Some(dir) = out {
         // The files are one consumer of the in-memory result: the same lines.
-        let lines = |items: Vec<String>| items.into_iter().map(|l| l + "\n").collect::<String>();
-        let trees = lines(
-            result
-                .trees
-                .iter()
-                .map(|t| serde_json::to_string(t).unwrap())
-                .collect(),
-        );
-        let records = lines(
-            result
-                .records
-                .iter()
-                .map(|r| serde_json::to_string(r).unwrap())
-                .collect(),
-        );
+        let (trees, records) = jsonl(&result);
         assert_eq!(
             std::fs::read_to_string(dir.join("forest.jsonl")).unwrap(),
             trees
@@ -136,9 +124,23 @@ fn run_on(
             records
         );
     }
-    let (summary, records) = (result.summary, result.records);
     let after = rt.block_on(engine.stats()).unwrap().counters.computed();
-    (summary, records, after - before)
+    (result, after - before)
+}
+
+/// The trees and records of a result as `forest.jsonl` and `trajectories.jsonl` hold
+/// them.
+fn jsonl(result: &RolloutResult) -> (String, String) {
+    let lines = |items: Vec<String>| items.into_iter().map(|l| l + "\n").collect::<String>();
+    let trees = result
+        .trees
+        .iter()
+        .map(|t| serde_json::to_string(t).unwrap());
+    let records = result
+        .records
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap());
+    (lines(trees.collect()), lines(records.collect()))
 }
 
 #[test]
@@ -273,13 +275,43 @@ fn pool_bytes_for_blocks(model: &LoadedModel, blocks: usize) -> usize {
     blocks * 16 * model.model.config().kv_bytes_per_token()
 }
 
-/// The longest sequence (prompt and every step) of a run, in tokens.
-fn longest_sequence(records: &[TrajectoryRecord]) -> usize {
-    records
+/// Sequence length (prompt and every step) of each trajectory, shortest first.
+fn sequence_lengths(records: &[TrajectoryRecord]) -> Vec<usize> {
+    let mut lengths: Vec<usize> = records
         .iter()
         .map(|r| r.trajectory.prompt_ids.len() + r.trajectory.response_ids.len())
-        .max()
-        .unwrap_or(0)
+        .collect();
+    lengths.sort();
+    lengths
+}
+
+/// The memory-pressure tests' rollout (2 prompts, (2,2,1), 24-token steps), run once
+/// per test binary on an unconstrained pool: what the constrained runs must match.
+fn unconstrained() -> &'static (Arc<LoadedModel>, RolloutResult) {
+    static FREE: std::sync::OnceLock<(Arc<LoadedModel>, RolloutResult)> =
+        std::sync::OnceLock::new();
+    FREE.get_or_init(|| {
+        let model = Arc::new(LoadedModel::load(&common::default_model()).unwrap());
+        let options = RunOptions::new(AdvantageMode::Tree);
+        let (result, _) = run_on(
+            &model,
+            pressure_config(),
+            EngineConfig::default(),
+            None,
+            options,
+            2,
+        );
+        assert_eq!(result.summary.tokens.preemptions, 0);
+        assert_eq!(result.summary.tokens.recomputed_preempted, 0);
+        (model, result)
+    })
+}
+
+fn pressure_config() -> TreeConfig {
+    TreeConfig {
+        max_step_tokens: 24,
+        ..tree_config(true)
+    }
 }
 
 /// Memory pressure (issue 12): the same rollout on a KV pool an eighth of what it
@@ -289,92 +321,75 @@ fn longest_sequence(records: &[TrajectoryRecord]) -> usize {
 /// attributed to exactly one forest.
 #[test]
 fn a_pool_an_eighth_of_the_peak_preempts_and_writes_the_same_bytes() {
-    let model = Arc::new(LoadedModel::load(&common::default_model()).unwrap());
-    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let options = || RunOptions::new(AdvantageMode::Tree);
-    let engine = EngineConfig::default();
-    let (free, records, _) = run_on(
-        &model,
-        tree_config(true),
-        engine,
-        Some(a.path()),
-        options(),
-        3,
-    );
-    assert_eq!(free.tokens.preemptions, 0);
-    assert_eq!(free.tokens.recomputed_preempted, 0);
-    let bytes_per_block = pool_bytes_for_blocks(&model, 1);
-    let peak_blocks = free.peak_kv_bytes as usize / bytes_per_block;
+    let (model, free) = unconstrained();
+    let bytes_per_block = pool_bytes_for_blocks(model, 1);
+    let peak_blocks = free.summary.peak_kv_bytes as usize / bytes_per_block;
     // One branch alone must fit: its blocks plus one copied on write.
-    let one_branch = longest_sequence(&records).div_ceil(16) + 2;
+    let one_branch = sequence_lengths(&free.records).last().unwrap().div_ceil(16) + 2;
     let blocks = (peak_blocks / 8).max(one_branch);
     assert!(
-        blocks * 4 <= peak_blocks,
+        blocks * 3 <= peak_blocks,
         "{blocks} blocks is not well under the peak of {peak_blocks}"
     );
     eprintln!("peak {peak_blocks} blocks unconstrained; constrained pool {blocks} blocks");
     let small = EngineConfig {
-        kv_budget_bytes: pool_bytes_for_blocks(&model, blocks),
+        kv_budget_bytes: pool_bytes_for_blocks(model, blocks),
         ..EngineConfig::default()
     };
-    let (tight, _, engine_computed) = run_on(
-        &model,
-        tree_config(true),
+    let dir = tempfile::tempdir().unwrap();
+    let options = RunOptions::new(AdvantageMode::Tree);
+    let (tight, engine_computed) = run_on(
+        model,
+        pressure_config(),
         small,
-        Some(b.path()),
-        options(),
-        3,
+        Some(dir.path()),
+        options,
+        2,
     );
-    for f in ["trajectories.jsonl", "forest.jsonl"] {
-        let fa = std::fs::read(a.path().join(f)).unwrap();
-        let fb = std::fs::read(b.path().join(f)).unwrap();
-        assert!(!fa.is_empty());
-        assert!(fa == fb, "{f} differs under memory pressure");
-    }
-    assert_eq!(tight.failed_branches, 0);
-    assert!(tight.tokens.preemptions > 0, "{:?}", tight.tokens);
-    assert!(tight.tokens.recomputed_preempted > 0, "{:?}", tight.tokens);
+    let (trees, records) = jsonl(free);
+    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
+    assert!(!records.is_empty());
+    assert!(
+        read("trajectories.jsonl") == records,
+        "trajectories differ under pressure"
+    );
+    assert!(
+        read("forest.jsonl") == trees,
+        "trees differ under memory pressure"
+    );
+    let (t, f) = (&tight.summary, &free.summary);
+    assert_eq!(t.failed_branches, 0);
+    assert!(t.tokens.preemptions > 0, "{:?}", t.tokens);
+    assert!(t.tokens.recomputed_preempted > 0, "{:?}", t.tokens);
     // The figures stay exact: forests and the shared prefix add up to the engine's
-    // counters, recomputation included; and only the recompute is extra work.
-    assert_eq!(tight.tokens.computed, engine_computed);
-    let forest_sum: u64 = tight.forests.iter().map(|f| f.tokens.computed).sum();
-    assert_eq!(forest_sum + tight.shared_prefix.computed, engine_computed);
-    let preempted: u64 = tight.forests.iter().map(|f| f.tokens.preemptions).sum();
+    // counters, recomputation included; decoding and observations are unchanged.
+    assert_eq!(t.tokens.computed, engine_computed);
+    let forest_sum: u64 = t.forests.iter().map(|f| f.tokens.computed).sum();
+    assert_eq!(forest_sum + t.shared_prefix.computed, engine_computed);
+    let preempted: u64 = t.forests.iter().map(|f| f.tokens.preemptions).sum();
     assert_eq!(
-        preempted + tight.shared_prefix.preemptions,
-        tight.tokens.preemptions
+        preempted + t.shared_prefix.preemptions,
+        t.tokens.preemptions
     );
-    assert_eq!(tight.tokens.decoded, free.tokens.decoded);
+    assert_eq!(t.tokens.decoded, f.tokens.decoded);
     assert_eq!(
-        tight.tokens.observation_prefilled,
-        free.tokens.observation_prefilled
+        t.tokens.observation_prefilled,
+        f.tokens.observation_prefilled
     );
-    let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(b.path().join("summary.json")).unwrap())
-            .unwrap();
-    assert!(summary["tokens"]["preemptions"].as_u64().unwrap() > 0);
-    assert!(summary["tokens"]["recomputed_preempted"].as_u64().unwrap() > 0);
+    let summary: serde_json::Value = serde_json::from_str(&read("summary.json")).unwrap();
+    assert_eq!(summary["tokens"]["preemptions"], t.tokens.preemptions);
+    assert_eq!(
+        summary["tokens"]["recomputed_preempted"],
+        t.tokens.recomputed_preempted
+    );
 }
 
 /// A branch whose sequence is longer than the whole pool fails with a clear error;
 /// the run goes on, the other branches finish, and the failure is in the summary.
 #[test]
 fn a_branch_longer_than_the_pool_fails_alone_and_the_run_goes_on() {
-    let model = Arc::new(LoadedModel::load(&common::default_model()).unwrap());
-    let options = || RunOptions::new(AdvantageMode::Tree);
-    let (free, records, _) = run_on(
-        &model,
-        tree_config(true),
-        EngineConfig::default(),
-        None,
-        options(),
-        2,
-    );
-    let mut lengths: Vec<usize> = records
-        .iter()
-        .map(|r| r.trajectory.prompt_ids.len() + r.trajectory.response_ids.len())
-        .collect();
-    lengths.sort();
+    let (model, free) = unconstrained();
+    let lengths = sequence_lengths(&free.records);
     // A pool that holds the shortest trajectories but not the longest.
     let blocks = (lengths[0] + 1).div_ceil(16) + 1;
     assert!(
@@ -382,19 +397,17 @@ fn a_branch_longer_than_the_pool_fails_alone_and_the_run_goes_on() {
         "the trajectories are too alike in length: {lengths:?}"
     );
     let small = EngineConfig {
-        kv_budget_bytes: pool_bytes_for_blocks(&model, blocks),
+        kv_budget_bytes: pool_bytes_for_blocks(model, blocks),
         ..EngineConfig::default()
     };
-    let (tight, tight_records, _) = run_on(&model, tree_config(true), small, None, options(), 2);
-    assert!(tight.failed_branches > 0, "no branch failed");
-    assert!(tight.rollouts > 0, "no branch finished");
-    assert!(tight.rollouts < free.rollouts);
-    let failed: Vec<_> = tight
-        .forests
-        .iter()
-        .flat_map(|f| &f.failed_branches)
-        .collect();
-    assert_eq!(failed.len(), tight.failed_branches);
+    let options = RunOptions::new(AdvantageMode::Tree);
+    let (tight, _) = run_on(model, pressure_config(), small, None, options, 2);
+    let t = &tight.summary;
+    assert!(t.failed_branches > 0, "no branch failed");
+    assert!(t.rollouts > 0, "no branch finished");
+    assert!(t.rollouts < free.summary.rollouts);
+    let failed: Vec<_> = t.forests.iter().flat_map(|f| &f.failed_branches).collect();
+    assert_eq!(failed.len(), t.failed_branches);
     for f in failed {
         assert!(
             f.error.contains("KV blocks") && f.error.contains(&format!("pool has {blocks}")),
@@ -403,8 +416,7 @@ fn a_branch_longer_than_the_pool_fails_alone_and_the_run_goes_on() {
         );
         assert!(f.error.contains("--kv-mib"), "{}", f.error);
     }
-    for r in &tight_records {
-        let len = r.trajectory.prompt_ids.len() + r.trajectory.response_ids.len();
+    for len in sequence_lengths(&tight.records) {
         // A trajectory's last sampled token is never fed back, so it needs no KV.
         assert!(
             len <= blocks * 16 + 1,

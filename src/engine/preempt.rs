@@ -79,14 +79,19 @@ impl EngineCore {
         self.kv.exclusive_blocks(seq).is_ok_and(|n| n > 0)
     }
 
-    /// Preempts the least recently used idle sequence (other than `except`) whose
-    /// table holds blocks of its own. Returns whether one was found.
+    /// Preempts an idle sequence (other than `except`) whose table holds blocks of
+    /// its own. Returns whether one was found.
+    ///
+    /// Sequences with nothing pending go first (node snapshots, finished branches: a
+    /// snapshot is used again only in the next round), then those paused with tokens
+    /// pending (a branch waiting for its tool, needed again within moments); least
+    /// recently used first within each.
     pub(super) fn preempt_idle(&mut self, except: SeqId) -> Result<bool, EngineError> {
         let victim = self
             .seqs
             .iter()
             .filter(|(&id, _)| id != except && self.is_idle(id) && self.frees_blocks(id))
-            .min_by_key(|(&id, s)| (s.last_used, std::cmp::Reverse(id)))
+            .min_by_key(|(&id, s)| (!s.pending.is_empty(), s.last_used, std::cmp::Reverse(id)))
             .map(|(&id, _)| id);
         match victim {
             Some(v) => {

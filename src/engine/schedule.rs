@@ -86,6 +86,15 @@ impl EngineCore {
                 if restoring {
                     continue;
                 }
+                // A preempted sequence comes back only when the pool holds its whole
+                // history without preempting others (else two sequences would keep
+                // evicting each other); when nothing else can run, `preempt_for`
+                // brings back the oldest.
+                let history = self.seqs[&seq].pending.len();
+                if self.kv.available_blocks() < self.kv.blocks_for_tokens(history) {
+                    plan.blocked.push(seq);
+                    continue;
+                }
                 self.restore_from_cache(seq)?;
                 restoring = true;
             }
