@@ -5,8 +5,11 @@
 //! holds the KV of the tokens it matched. At the end, with everything dropped and the
 //! prefix cache cleared, every refcount is zero and every block is free.
 
+mod common;
+
 use std::collections::HashMap;
 
+use common::rng::Rng;
 use treegrpo::kv::{BlockId, KvCache, KvConfig, KvError, PinId, SeqId};
 use treegrpo::model::KvStore;
 
@@ -15,32 +18,6 @@ const KV_DIM: usize = 8;
 const VOCAB: u64 = 3;
 const MAX_LEN: usize = 40;
 const MAX_SEQS: usize = 8;
-
-/// xorshift64*: tiny, seeded, stable.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<T: Copy>(&mut self, v: &[T]) -> Option<T> {
-        (!v.is_empty()).then(|| v[self.below(v.len())])
-    }
-
-    fn tokens(&mut self, n: usize) -> Vec<u32> {
-        (0..n).map(|_| (self.next() % VOCAB) as u32).collect()
-    }
-}
 
 /// What a model would store at `position` given the tokens up to it: keys then values
 /// of every layer, `2 * LAYERS * KV_DIM` floats. Depends on the whole prefix, as KV does.
@@ -111,7 +88,7 @@ impl World {
     fn prompt(&self, rng: &mut Rng) -> Vec<u32> {
         let mut p = self.stems[rng.below(self.stems.len())].clone();
         let extra = rng.below(12);
-        p.extend(rng.tokens(extra));
+        p.extend(rng.tokens(extra, VOCAB as usize));
         p
     }
 
@@ -210,7 +187,7 @@ impl World {
                         self.cache.truncate(s, len).unwrap();
                         self.seqs.get_mut(&s).unwrap().truncate(len);
                     } else {
-                        let tokens = rng.tokens(n);
+                        let tokens = rng.tokens(n, VOCAB as usize);
                         self.extend(rng, s, &tokens);
                     }
                 }
@@ -352,7 +329,7 @@ fn check_block_row(c: &KvCache, b: BlockId, r: usize, want: &[f32], what: &str) 
 
 /// Runs `ops` random operations on a pool of `blocks` blocks of `block_size` rows.
 fn run(seed: u64, block_size: usize, blocks: usize, ops: usize) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::new(seed);
     let bytes_per_block = 2 * LAYERS * block_size * KV_DIM * 4;
     let cache = KvCache::new(
         KvConfig {
@@ -366,7 +343,7 @@ fn run(seed: u64, block_size: usize, blocks: usize, ops: usize) {
     let stems = (0..4)
         .map(|i| {
             let n = i * block_size + rng.below(block_size);
-            rng.tokens(n)
+            rng.tokens(n, VOCAB as usize)
         })
         .collect();
     let mut w = World {
