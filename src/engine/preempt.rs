@@ -44,7 +44,10 @@ impl EngineCore {
     /// At least one token is left to compute, whose logits the sequence needs next.
     pub(super) fn restore_from_cache(&mut self, seq: SeqId) -> Result<(), EngineError> {
         let s = &self.seqs[&seq];
-        let matched = if self.config.prefix_cache {
+        // Cached blocks can be adopted only into an empty table; a sequence whose
+        // restore was cut short (a failure) computes on from what it holds.
+        let empty = self.kv.capacity(seq)? == 0;
+        let matched = if self.config.prefix_cache && empty {
             let history = s.pending[..s.recompute].to_vec();
             let mut matched = self.kv.adopt_cached_prefix(seq, &history)?;
             if matched > 0 && matched == s.pending.len() {
