@@ -285,8 +285,9 @@ fn sequence_lengths(records: &[TrajectoryRecord]) -> Vec<usize> {
     lengths
 }
 
-/// The memory-pressure tests' rollout (2 prompts, (2,2,1), 24-token steps), run once
-/// per test binary on an unconstrained pool: what the constrained runs must match.
+/// The memory-pressure tests' rollout (2 prompts, (2,2,1), 40-token steps: long
+/// enough for trajectories of clearly different lengths), run once per test binary on
+/// an unconstrained pool: what the constrained runs must match.
 fn unconstrained() -> &'static (Arc<LoadedModel>, RolloutResult) {
     static FREE: std::sync::OnceLock<(Arc<LoadedModel>, RolloutResult)> =
         std::sync::OnceLock::new();
@@ -308,10 +309,7 @@ fn unconstrained() -> &'static (Arc<LoadedModel>, RolloutResult) {
 }
 
 fn pressure_config() -> TreeConfig {
-    TreeConfig {
-        max_step_tokens: 24,
-        ..tree_config(true)
-    }
+    tree_config(true)
 }
 
 /// Memory pressure (issue 12): the same rollout on a KV pool an eighth of what it
