@@ -245,7 +245,9 @@ impl Harness {
                 }
                 let child = match r {
                     Ok(child) => child,
-                    Err(e) if e.is_sequence_limit() => return self.unreported_failure(parent, &e),
+                    Err(e) if e.is_sequence_limit() => {
+                        return self.sequence_limit_failure(parent, &e)
+                    }
                     Err(e) => panic!("fork of {parent:?}: {e}"),
                 };
                 assert!(!self.shadow.contains_key(&child), "{child:?} reused");
@@ -271,7 +273,7 @@ impl Harness {
                 }
                 match r {
                     Ok(()) => self.shadow.get_mut(&seq).unwrap().extend(tokens),
-                    Err(e) if e.is_sequence_limit() => self.unreported_failure(seq, &e),
+                    Err(e) if e.is_sequence_limit() => self.sequence_limit_failure(seq, &e),
                     Err(e) => panic!("append to {seq:?}: {e}"),
                 }
             }
@@ -298,7 +300,7 @@ impl Harness {
                     // Only after a failed prefill dropped the pending tokens.
                     Err(EngineError::EmptySequence(s)) if s == seq => self.cov.empty += 1,
                     // Tokens added earlier failed before anyone asked for them.
-                    Err(e) if e.is_sequence_limit() => self.unreported_failure(seq, &e),
+                    Err(e) if e.is_sequence_limit() => self.sequence_limit_failure(seq, &e),
                     Err(e) => panic!("generate on idle {seq:?}: {e}"),
                 }
             }
@@ -322,7 +324,7 @@ impl Harness {
                 }
                 match r {
                     Ok(()) => self.flushing.entry(seq).or_insert((0, false)).0 += 1,
-                    Err(e) if e.is_sequence_limit() => self.unreported_failure(seq, &e),
+                    Err(e) if e.is_sequence_limit() => self.sequence_limit_failure(seq, &e),
                     Err(e) => panic!("prefill of {seq:?}: {e}"),
                 }
             }
@@ -339,7 +341,7 @@ impl Harness {
                 }
                 if let Err(e) = &r {
                     if e.is_sequence_limit() {
-                        return self.unreported_failure(seq, e);
+                        return self.sequence_limit_failure(seq, e);
                     }
                 }
                 self.check_score(seq, &tokens, r);
@@ -396,8 +398,9 @@ impl Harness {
         }
     }
 
-    /// A failure of tokens nobody had asked for yet, reported by the next call.
-    fn unreported_failure(&mut self, seq: SeqId, e: &EngineError) {
+    /// The sequence's pending tokens cannot run (never fit, past the context), as a
+    /// prefill reports it or, when nobody had asked yet, the sequence's next call.
+    fn sequence_limit_failure(&mut self, seq: SeqId, e: &EngineError) {
         match e {
             EngineError::NeverFits { .. } => self.cov.never_fits += 1,
             _ => self.cov.overflow += 1,
@@ -480,20 +483,11 @@ impl Harness {
             match result {
                 Ok(()) => {}
                 // A prefill that cannot run reports its typed error here.
-                Err(e) => {
-                    match &e {
-                        EngineError::NeverFits { .. } => self.cov.never_fits += 1,
-                        EngineError::Model(ModelError::ContextOverflow { .. }) => {
-                            self.cov.overflow += 1
-                        }
-                        other => panic!("{seq:?}: unexpected prefill error {other}"),
-                    }
-                    self.cov.prefill_errors += 1;
-                    // Pending tokens are dropped: the sequence holds what is computed.
-                    let cached = self.core.tokens(seq).unwrap().to_vec();
-                    self.shadow.insert(seq, cached);
+                Err(e) if e.is_sequence_limit() => {
+                    self.sequence_limit_failure(seq, &e);
                     continue;
                 }
+                Err(e) => panic!("{seq:?}: unexpected prefill error {e}"),
             }
             self.cov.prefills += 1;
             if !self.generating.contains_key(&seq) {
