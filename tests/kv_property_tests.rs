@@ -316,8 +316,8 @@ impl World {
 
 fn check_block_row(c: &KvCache, b: BlockId, r: usize, want: &[f32], what: &str) {
     for layer in 0..LAYERS {
-        let k = &c.pool().keys(layer, b)[r * KV_DIM..][..KV_DIM];
-        let v = &c.pool().values(layer, b)[r * KV_DIM..][..KV_DIM];
+        let k = &c.storage().keys(layer, b)[r * KV_DIM..][..KV_DIM];
+        let v = &c.storage().values(layer, b)[r * KV_DIM..][..KV_DIM];
         assert_eq!(k, key_of(want, layer), "{what}: {b} row {r} layer {layer}");
         assert_eq!(
             v,

@@ -40,8 +40,9 @@ use std::collections::HashMap;
 
 use super::error::KvError;
 use super::ids::{BlockId, PinId, SeqId};
-use super::pool::{BlockPool, KvConfig};
-use super::prefix::{chain_hash, BlockHash, PrefixIndex, ROOT_HASH};
+use super::pool::BlockPool;
+use super::prefix::{chain_hash, BlockHash, ROOT_HASH};
+use super::storage::{KvConfig, KvStorage};
 use super::segment::{Segment, SegmentId, Segments};
 use super::table::blocks_for;
 use crate::model::{ModelConfig, TokenId};
@@ -144,8 +145,9 @@ pub struct KvStats {
 /// Paged KV storage with forkable, pinnable prefixes and a prefix cache.
 #[derive(Debug)]
 pub struct KvCache {
+    storage: KvStorage,
+    /// Every block's state: refcounts, free list, cached LRU, prefix index.
     pool: BlockPool,
-    index: PrefixIndex,
     segments: Segments,
     seqs: HashMap<SeqId, TableState>,
     pins: HashMap<PinId, TableState>,
@@ -153,16 +155,15 @@ pub struct KvCache {
     next_pin: u64,
     epoch: u64,
     cow_copies: u64,
-    evictions: u64,
 }
 
 impl KvCache {
     /// A cache for a model of `num_layers` layers and `kv_dim` KV floats per position.
     pub fn new(config: KvConfig, num_layers: usize, kv_dim: usize) -> Result<Self, KvError> {
-        let pool = BlockPool::new(config, num_layers, kv_dim)?;
+        let storage = KvStorage::new(config, num_layers, kv_dim)?;
         Ok(KvCache {
-            index: PrefixIndex::new(pool.block_size()),
-            pool,
+            pool: BlockPool::new(storage.num_blocks(), storage.block_size()),
+            storage,
             segments: Segments::default(),
             seqs: HashMap::new(),
             pins: HashMap::new(),
@@ -170,7 +171,6 @@ impl KvCache {
             next_pin: 0,
             epoch: 0,
             cow_copies: 0,
-            evictions: 0,
         })
     }
 
@@ -181,43 +181,10 @@ impl KvCache {
 
     // ----- block bookkeeping --------------------------------------------------------
 
-    /// A fresh block (refcount 1): from the free list, else by evicting the least
-    /// recently released cached block.
-    fn alloc_block(&mut self) -> Option<BlockId> {
-        if let Some(b) = self.pool.allocate() {
-            return Some(b);
-        }
-        let b = self.index.evict_lru()?;
-        self.evictions += 1;
-        self.pool.retain(b);
-        Some(b)
-    }
-
-    /// Takes a reference on a block, taking it out of the prefix cache if it was there.
-    fn retain_block(&mut self, block: BlockId) {
-        if self.pool.refcount(block) == 0 {
-            let was_cached = self.index.unpark(block);
-            debug_assert!(was_cached, "retaining an unreferenced uncached {block}");
-        }
-        self.pool.retain(block);
-    }
-
-    /// Drops a reference; at zero an indexed block is parked in the prefix cache and
-    /// any other block goes back to the free list.
-    fn release_block(&mut self, block: BlockId) {
-        if self.pool.release(block) == 0 {
-            if self.index.is_indexed(block) {
-                self.index.park(block);
-            } else {
-                self.pool.recycle(block);
-            }
-        }
-    }
-
     /// Releases blocks last to first, so a chain's earlier blocks stay cached longest.
     fn release_all(&mut self, blocks: &[BlockId]) {
         for &b in blocks.iter().rev() {
-            self.release_block(b);
+            self.pool.release(b);
         }
     }
 
@@ -243,7 +210,7 @@ impl KvCache {
 
     /// Whether `block` may be written in place by its (single) holder.
     fn writable(&self, block: BlockId) -> bool {
-        self.pool.refcount(block) == 1 && !self.index.is_indexed(block)
+        self.pool.refcount(block) == 1 && !self.pool.is_indexed(block)
     }
 
     fn out_of_blocks(&self, needed: usize) -> KvError {
@@ -257,7 +224,7 @@ impl KvCache {
     /// Replaces block `i` of `seq`'s table (in its own part) by a private copy of its
     /// first `rows` rows.
     fn copy_on_write(&mut self, seq: SeqId, i: usize, rows: usize) -> Result<BlockId, KvError> {
-        let new = self.alloc_block().ok_or_else(|| self.out_of_blocks(1))?;
+        let new = self.pool.allocate().ok_or_else(|| self.out_of_blocks(1))?;
         let st = self
             .seqs
             .get_mut(&seq)
@@ -265,10 +232,10 @@ impl KvCache {
         let own = i - st.frozen_blocks;
         let old = std::mem::replace(&mut st.blocks[own], new);
         if rows > 0 {
-            self.pool.copy_block(old, new, rows);
+            self.storage.copy_block(old, new, rows);
             self.cow_copies += 1;
         }
-        self.release_block(old);
+        self.pool.release(old);
         Ok(new)
     }
 
@@ -300,7 +267,7 @@ impl KvCache {
             Vec::new()
         };
         for &b in &blocks {
-            self.retain_block(b);
+            self.pool.retain(b);
         }
         TableState {
             frozen: p.frozen,
@@ -361,7 +328,7 @@ impl KvCache {
         };
         let own = std::mem::take(&mut out.blocks);
         for &b in &own {
-            self.retain_block(b);
+            self.pool.retain(b);
         }
         out.blocks = own;
         out
@@ -378,7 +345,7 @@ impl KvCache {
     /// tokens they cover (a multiple of the block size). A lookup only: nothing is
     /// referenced; [`start_sequence`](Self::start_sequence) adopts the blocks.
     pub fn match_prefix(&self, tokens: &[TokenId]) -> (Vec<BlockId>, usize) {
-        let (blocks, _) = self.index.lookup(tokens);
+        let (blocks, _) = self.pool.lookup(tokens);
         let n = blocks.len() * self.block_size();
         (blocks, n)
     }
@@ -451,7 +418,7 @@ impl KvCache {
             self.copy_on_write(seq, i, rows)?;
         }
         for _ in have..want {
-            let b = self.alloc_block().ok_or_else(|| self.out_of_blocks(1))?;
+            let b = self.pool.allocate().ok_or_else(|| self.out_of_blocks(1))?;
             if let Some(st) = self.seqs.get_mut(&seq) {
                 st.blocks.push(b);
             }
@@ -497,7 +464,7 @@ impl KvCache {
             let hash = chain_hash(parent, chunk);
             st.hashes.push(hash);
             if st.epoch == epoch {
-                self.index.register(hash, parent, chunk, st.blocks[i]);
+                self.pool.register(hash, parent, chunk, st.blocks[i]);
             }
         }
         Ok(())

@@ -3,14 +3,16 @@
 //!
 //! - [`ids`] — the newtypes [`BlockId`], [`SeqId`], [`PinId`].
 //! - [`error`] — [`KvError`].
-//! - [`pool`] — [`BlockPool`] — per-layer `[num_blocks, block_size, kv_dim]` K and V
-//!   buffers sized from a byte budget ([`KvConfig`]), refcounts, free list, block copy.
+//! - [`storage`] — [`KvStorage`] — per-layer `[num_blocks, block_size, kv_dim]` K and V
+//!   buffers sized from a byte budget ([`KvConfig`]), row writes, block copy: the bytes.
+//! - [`pool`] — [`BlockPool`] — the one owner of every block's state (free / cached /
+//!   in use): refcounts, free list, the LRU of cached blocks and the prefix index.
 //! - [`table`] — [`BlockTable`] — a sequence's blocks in position order and its length.
-//! - [`prefix`] — [`PrefixIndex`] — hash chain of full blocks → block, and the LRU of
-//!   cached (unreferenced, evictable) indexed blocks.
+//! - [`prefix`] — [`PrefixIndex`] — hash chain of full blocks → block (owned by the
+//!   pool).
 //! - [`segment`] — frozen runs of full blocks that forked tables share as one
 //!   refcounted unit, so a fork or free is O(1) in the prefix length.
-//! - [`cache`] — [`KvCache`] — pool + sequences + pins + index: new / start (with prefix
+//! - [`cache`] — [`KvCache`] — storage + pool + sequences + pins: new / start (with prefix
 //!   reuse) / fork / reserve / commit / truncate / free / pin / unpin, and counters.
 //! - [`store`] — `impl KvStore for KvCache`, what the model's forward writes and reads.
 //!
@@ -42,12 +44,14 @@ pub mod ids;
 pub mod pool;
 pub mod prefix;
 pub mod segment;
+pub mod storage;
 pub mod store;
 pub mod table;
 
 pub use cache::{KvCache, KvStats};
 pub use error::KvError;
 pub use ids::{BlockId, PinId, SeqId};
-pub use pool::{BlockPool, KvConfig, DEFAULT_BLOCK_SIZE};
+pub use pool::BlockPool;
+pub use storage::{KvConfig, KvStorage, DEFAULT_BLOCK_SIZE};
 pub use prefix::{BlockHash, PrefixIndex};
 pub use table::{blocks_for, BlockTable};

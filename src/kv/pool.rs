@@ -1,182 +1,128 @@
-//! [`BlockPool`]: the preallocated KV memory, cut into fixed-size blocks.
+//! [`BlockPool`]: the one owner of every block's state — *free*, *cached* (no
+//! reference, still matchable through the prefix index, evictable) or *in use*
+//! (referenced by tables, pins or segments) — the way vLLM's `block_pool.py` keeps its
+//! free queue and its hash → block map together.
 //!
-//! Per layer there is one f32 buffer for keys and one for values, each laid out
-//! `[num_blocks, block_size, kv_dim]` (`kv_dim = n_kv_heads * head_dim`, all KV heads of a
-//! position side by side, as the attention kernel reads them). The number of blocks
-//! follows from a byte budget ([`KvConfig`]): one block costs
-//! `2 * num_layers * block_size * kv_dim * 4` bytes, and nothing is allocated after
-//! construction.
+//! It holds the reference counts, the free list, the LRU of cached blocks and the
+//! [`PrefixIndex`], and moves a block between the three states in one place:
 //!
-//! The pool keeps a reference count per block and a free list; it does not know who
-//! holds the references (tables, pins) nor about the prefix cache: a block whose count
-//! drops to zero is handed back to the caller, which either parks it in the prefix
-//! cache or [`recycle`](BlockPool::recycle)s it onto the free list.
+//! - [`allocate`](BlockPool::allocate): a free block, else the least recently released
+//!   cached one (evicted: it leaves the index); refcount 1.
+//! - [`retain`](BlockPool::retain): one more reference; a cached block leaves the LRU.
+//! - [`release`](BlockPool::release): one reference less; at zero an indexed block is
+//!   parked in the LRU, any other goes back to the free list.
+//! - [`clear_cache`](BlockPool::clear_cache): forgets the index and frees every cached
+//!   block (stale KV after a weight update).
+//!
+//! It does not know who holds the references, nor the KV bytes
+//! ([`KvStorage`](super::KvStorage)): the cache above it does.
 
-use std::fmt;
+use lru::LruCache;
 
-use super::error::KvError;
 use super::ids::BlockId;
+use super::prefix::{BlockHash, PrefixIndex};
+use crate::model::TokenId;
 
-/// Rows per block unless configured otherwise.
-pub const DEFAULT_BLOCK_SIZE: usize = 16;
-
-/// How the KV pool is sized.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KvConfig {
-    /// Positions per block.
-    pub block_size: usize,
-    /// Bytes of KV memory (keys and values of all layers); rounded down to whole blocks.
-    pub budget_bytes: usize,
-}
-
-impl KvConfig {
-    /// Blocks of [`DEFAULT_BLOCK_SIZE`] within `budget_bytes`.
-    pub fn with_budget(budget_bytes: usize) -> Self {
-        KvConfig {
-            block_size: DEFAULT_BLOCK_SIZE,
-            budget_bytes,
-        }
-    }
-}
-
-/// Fixed-size KV blocks with reference counts and a free list.
+/// Block states: reference counts, free list, cached LRU and the prefix index.
+#[derive(Debug)]
 pub struct BlockPool {
-    num_layers: usize,
-    kv_dim: usize,
-    block_size: usize,
-    num_blocks: usize,
-    /// `keys[layer]`, `values[layer]`: `[num_blocks, block_size, kv_dim]` floats.
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
     refcounts: Vec<u32>,
     /// Free blocks; the next allocation pops from the end (lowest ids first).
     free: Vec<BlockId>,
-}
-
-impl fmt::Debug for BlockPool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BlockPool")
-            .field("num_layers", &self.num_layers)
-            .field("kv_dim", &self.kv_dim)
-            .field("block_size", &self.block_size)
-            .field("num_blocks", &self.num_blocks)
-            .field("free", &self.free.len())
-            .finish()
-    }
-}
-
-/// A zeroed buffer of `floats` f32s, or [`KvError::Alloc`]. The memory comes from
-/// `alloc_zeroed` (fresh zero pages from the OS for a buffer this large), so a pool
-/// costs physical memory only as its blocks are first written: a pool sized
-/// generously from the machine's memory is cheap until it is used.
-fn alloc_zeroed(floats: usize) -> Result<Vec<f32>, KvError> {
-    let err = || KvError::Alloc {
-        bytes: floats.saturating_mul(4),
-    };
-    if floats == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<f32>(floats).map_err(|_| err())?;
-    // SAFETY: the layout has a non-zero size; a null return is an allocation failure,
-    // handled. A non-null pointer is a zeroed allocation of `floats` f32s from the
-    // global allocator with f32's alignment — exactly what `Vec<f32>` with capacity
-    // and length `floats` owns and frees — and all-zero bytes are a valid 0.0f32.
-    unsafe {
-        let ptr = std::alloc::alloc_zeroed(layout) as *mut f32;
-        if ptr.is_null() {
-            return Err(err());
-        }
-        Ok(Vec::from_raw_parts(ptr, floats, floats))
-    }
+    /// Indexed blocks with no reference, least recently released first.
+    cached: LruCache<BlockId, ()>,
+    index: PrefixIndex,
+    /// Cached blocks evicted for reuse so far.
+    evictions: u64,
 }
 
 impl BlockPool {
-    /// Bytes one block takes across all layers, keys and values.
-    pub fn block_bytes(num_layers: usize, block_size: usize, kv_dim: usize) -> Option<usize> {
-        2usize
-            .checked_mul(num_layers)?
-            .checked_mul(block_size)?
-            .checked_mul(kv_dim)?
-            .checked_mul(std::mem::size_of::<f32>())
-    }
-
-    /// A pool of as many blocks as `config.budget_bytes` holds, all free.
-    pub fn new(config: KvConfig, num_layers: usize, kv_dim: usize) -> Result<Self, KvError> {
-        if config.block_size == 0 || num_layers == 0 || kv_dim == 0 {
-            return Err(KvError::InvalidConfig(format!(
-                "block_size {}, num_layers {num_layers} and kv_dim {kv_dim} must all be positive",
-                config.block_size
-            )));
-        }
-        let bytes_per_block = Self::block_bytes(num_layers, config.block_size, kv_dim)
-            .ok_or_else(|| KvError::InvalidConfig("block size overflows".into()))?;
-        let num_blocks = config.budget_bytes / bytes_per_block;
-        if num_blocks == 0 {
-            return Err(KvError::BudgetTooSmall {
-                budget_bytes: config.budget_bytes,
-                bytes_per_block,
-            });
-        }
-        if num_blocks > u32::MAX as usize {
-            return Err(KvError::InvalidConfig(format!(
-                "{num_blocks} blocks exceed the {} a BlockId can name",
-                u32::MAX
-            )));
-        }
-        // Fits: num_blocks * bytes_per_block <= budget_bytes.
-        let floats = num_blocks * config.block_size * kv_dim;
-        let mut keys = Vec::with_capacity(num_layers);
-        let mut values = Vec::with_capacity(num_layers);
-        for _ in 0..num_layers {
-            keys.push(alloc_zeroed(floats)?);
-            values.push(alloc_zeroed(floats)?);
-        }
-        Ok(BlockPool {
-            num_layers,
-            kv_dim,
-            block_size: config.block_size,
-            num_blocks,
-            keys,
-            values,
+    /// `num_blocks` free blocks of `block_size` positions.
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        BlockPool {
             refcounts: vec![0; num_blocks],
             free: (0..num_blocks as u32).rev().map(BlockId::new).collect(),
-        })
-    }
-
-    pub fn num_layers(&self) -> usize {
-        self.num_layers
-    }
-
-    pub fn kv_dim(&self) -> usize {
-        self.kv_dim
-    }
-
-    pub fn block_size(&self) -> usize {
-        self.block_size
+            cached: LruCache::unbounded(),
+            index: PrefixIndex::new(block_size),
+            evictions: 0,
+        }
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.num_blocks
+        self.refcounts.len()
     }
 
-    /// `2 * num_layers * block_size * kv_dim * 4`.
-    pub fn bytes_per_block(&self) -> usize {
-        self.block_size * self.bytes_per_token()
+    // ----- state transitions --------------------------------------------------------
+
+    /// A block with refcount 1: from the free list, else by evicting the least
+    /// recently released cached block. `None` when every block is in use.
+    pub fn allocate(&mut self) -> Option<BlockId> {
+        let b = match self.free.pop() {
+            Some(b) => b,
+            None => {
+                let (b, ()) = self.cached.pop_lru()?;
+                self.index.remove(b);
+                self.evictions += 1;
+                b
+            }
+        };
+        debug_assert_eq!(self.refcounts[b.index()], 0);
+        self.refcounts[b.index()] = 1;
+        Some(b)
     }
 
-    /// `2 * num_layers * kv_dim * 4`.
-    pub fn bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.kv_dim * std::mem::size_of::<f32>()
+    /// Takes a reference on a block in use or cached (a cached block leaves the LRU).
+    pub fn retain(&mut self, block: BlockId) {
+        if self.refcounts[block.index()] == 0 {
+            let was_cached = self.cached.pop(&block).is_some();
+            debug_assert!(was_cached, "retaining an unreferenced uncached {block}");
+        }
+        self.refcounts[block.index()] += 1;
     }
 
-    /// Blocks on the free list.
-    pub fn free_count(&self) -> usize {
-        self.free.len()
+    /// Drops a reference; at zero an indexed block is parked in the LRU (most recently
+    /// used) and any other block goes back to the free list.
+    pub fn release(&mut self, block: BlockId) {
+        let rc = &mut self.refcounts[block.index()];
+        assert!(*rc > 0, "KV refcount underflow on {block}");
+        *rc -= 1;
+        if *rc == 0 {
+            if self.index.is_indexed(block) {
+                self.cached.put(block, ());
+            } else {
+                self.free.push(block);
+            }
+        }
     }
 
-    /// The free list (allocation order is from its end).
-    pub fn free_blocks(&self) -> &[BlockId] {
-        &self.free
+    /// Indexes the full block `block` (in use) as holding `tokens` after the prefix
+    /// `parent`. False, changing nothing, if the hash or the block is already indexed.
+    pub fn register(
+        &mut self,
+        hash: BlockHash,
+        parent: BlockHash,
+        tokens: &[TokenId],
+        block: BlockId,
+    ) -> bool {
+        debug_assert!(self.refcounts[block.index()] > 0, "indexing unused {block}");
+        self.index.register(hash, parent, tokens, block)
+    }
+
+    /// Forgets every index entry and frees every cached block. Blocks in use stay
+    /// with their holders, no longer matchable, and are freed normally when released.
+    pub fn clear_cache(&mut self) {
+        self.index.clear();
+        while let Some((b, ())) = self.cached.pop_lru() {
+            self.free.push(b);
+        }
+    }
+
+    // ----- queries ------------------------------------------------------------------
+
+    /// The longest run of indexed full blocks (in use or cached) that holds a prefix of
+    /// `tokens`, with their chain hashes. A lookup only: nothing is referenced.
+    pub fn lookup(&self, tokens: &[TokenId]) -> (Vec<BlockId>, Vec<BlockHash>) {
+        self.index.lookup(tokens)
     }
 
     pub fn refcount(&self, block: BlockId) -> u32 {
@@ -188,76 +134,81 @@ impl BlockPool {
         &self.refcounts
     }
 
-    /// Takes a block off the free list with a reference count of one.
-    pub fn allocate(&mut self) -> Option<BlockId> {
-        let b = self.free.pop()?;
-        debug_assert_eq!(self.refcounts[b.index()], 0);
-        self.refcounts[b.index()] = 1;
-        Some(b)
+    /// The free list (allocation order is from its end).
+    pub fn free_blocks(&self) -> &[BlockId] {
+        &self.free
     }
 
-    /// Adds a reference (also to a block at zero that is not on the free list, such as
-    /// one taken out of the prefix cache).
-    pub fn retain(&mut self, block: BlockId) {
-        self.refcounts[block.index()] += 1;
+    pub fn free_count(&self) -> usize {
+        self.free.len()
     }
 
-    /// Drops a reference and returns how many remain. At zero the block is neither
-    /// free nor cached until the caller decides ([`recycle`](Self::recycle) or park it).
-    pub fn release(&mut self, block: BlockId) -> u32 {
-        let rc = &mut self.refcounts[block.index()];
-        assert!(*rc > 0, "KV refcount underflow on {block}");
-        *rc -= 1;
-        *rc
+    /// Cached (unreferenced, evictable) blocks.
+    pub fn cached_count(&self) -> usize {
+        self.cached.len()
     }
 
-    /// Puts a block with no references back on the free list.
-    pub fn recycle(&mut self, block: BlockId) {
-        assert_eq!(self.refcounts[block.index()], 0, "recycling a used {block}");
-        self.free.push(block);
+    /// The cached blocks, most recently released first.
+    pub fn cached_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.cached.iter().map(|(b, _)| *b)
     }
 
-    fn block_range(&self, block: BlockId) -> std::ops::Range<usize> {
-        let n = self.block_size * self.kv_dim;
-        block.index() * n..(block.index() + 1) * n
+    /// Blocks referenced by at least one holder.
+    pub fn in_use_count(&self) -> usize {
+        self.num_blocks() - self.free.len() - self.cached.len()
     }
 
-    /// Copies rows `0..rows` of `src` into `dst` in every layer, keys and values
-    /// (copy-on-write of a shared, partly filled block).
-    pub fn copy_block(&mut self, src: BlockId, dst: BlockId, rows: usize) {
-        let rows = rows.min(self.block_size);
-        if rows == 0 || src == dst {
-            return;
+    /// Blocks an allocation could get right now (free + evictable).
+    pub fn available_count(&self) -> usize {
+        self.free.len() + self.cached.len()
+    }
+
+    pub fn is_cached(&self, block: BlockId) -> bool {
+        self.cached.contains(&block)
+    }
+
+    /// Whether `block` is in the prefix index (and therefore immutable).
+    pub fn is_indexed(&self, block: BlockId) -> bool {
+        self.index.is_indexed(block)
+    }
+
+    /// Indexed blocks (in use or cached).
+    pub fn indexed_count(&self) -> usize {
+        self.index.indexed_len()
+    }
+
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Checks that every block is in exactly one state and that its refcount equals
+    /// `holders[block]` (the references the caller counted); cached blocks must be
+    /// indexed. The cache's self-check calls it.
+    pub fn check_states(&self, holders: &[u32]) -> Result<(), String> {
+        let n = self.num_blocks();
+        if holders.len() != n {
+            return Err(format!("{} holder counts for {n} blocks", holders.len()));
         }
-        let from = self.block_range(src).start;
-        let to = self.block_range(dst).start;
-        let n = rows * self.kv_dim;
-        for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            buf.copy_within(from..from + n, to);
+        let mut seen = vec![0u8; n];
+        for b in &self.free {
+            seen[b.index()] += 1;
         }
-    }
-
-    /// Writes one position's key and value (`kv_dim` floats each) into `row` of `block`.
-    pub fn write_row(
-        &mut self,
-        layer: usize,
-        block: BlockId,
-        row: usize,
-        key: &[f32],
-        value: &[f32],
-    ) {
-        let at = self.block_range(block).start + row * self.kv_dim;
-        self.keys[layer][at..at + self.kv_dim].copy_from_slice(key);
-        self.values[layer][at..at + self.kv_dim].copy_from_slice(value);
-    }
-
-    /// The `block_size * kv_dim` keys of `block` in `layer`.
-    pub fn keys(&self, layer: usize, block: BlockId) -> &[f32] {
-        &self.keys[layer][self.block_range(block)]
-    }
-
-    /// The `block_size * kv_dim` values of `block` in `layer`.
-    pub fn values(&self, layer: usize, block: BlockId) -> &[f32] {
-        &self.values[layer][self.block_range(block)]
+        for b in self.cached_blocks() {
+            seen[b.index()] += 1;
+            if !self.index.is_indexed(b) {
+                return Err(format!("cached {b} is not indexed"));
+            }
+        }
+        for (i, (&rc, &expected)) in self.refcounts.iter().zip(holders).enumerate() {
+            let b = BlockId::new(i as u32);
+            if rc != expected {
+                return Err(format!("{b}: refcount {rc} but {expected} holders"));
+            }
+            let states = seen[i] as u32 + u32::from(rc > 0);
+            if states != 1 {
+                return Err(format!("{b}: in {states} of in-use / cached / free"));
+            }
+        }
+        Ok(())
     }
 }

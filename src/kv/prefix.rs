@@ -1,5 +1,4 @@
-//! [`PrefixIndex`]: which full blocks hold the KV of which token prefixes, and the LRU
-//! of those no sequence currently uses.
+//! [`PrefixIndex`]: which full blocks hold the KV of which token prefixes.
 //!
 //! A full block is named by a hash chain: `hash_i = H(hash_{i-1}, tokens of block i)`
 //! with `hash_{-1} = ROOT_HASH`, so a hash stands for the whole prefix up to the end of
@@ -11,8 +10,9 @@
 //!
 //! Indexed blocks are immutable (a write to one copies it first, see
 //! [`KvCache`](super::KvCache)). When the last reference to an indexed block goes, the
-//! block is *parked* in an [`lru::LruCache`] instead of freed: still matchable, and
-//! evictable least-recently-released first when the pool needs blocks. A sequence
+//! [`BlockPool`](super::BlockPool) that owns this index *parks* the block in its LRU
+//! instead of freeing it: still matchable, and evictable least-recently-released first
+//! when the pool needs blocks. A sequence
 //! releases its blocks last-to-first, so a chain's later blocks are evicted before its
 //! earlier ones. Evicting a block drops its entry; entries of its descendants stay but
 //! are unreachable until the same prefix is computed (and registered) again, when they
@@ -21,8 +21,6 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-
-use lru::LruCache;
 
 use super::ids::BlockId;
 use crate::model::TokenId;
@@ -62,14 +60,12 @@ struct Entry {
     tokens: Box<[TokenId]>,
 }
 
-/// Hash chain of full blocks → block, plus the LRU of cached (unreferenced) ones.
+/// Hash chain of full blocks → block.
 #[derive(Debug)]
 pub struct PrefixIndex {
     block_size: usize,
     entries: HashMap<BlockHash, Entry>,
     hash_of: HashMap<BlockId, BlockHash>,
-    /// Indexed blocks with no reference, least recently released first.
-    cached: LruCache<BlockId, ()>,
 }
 
 impl PrefixIndex {
@@ -78,7 +74,6 @@ impl PrefixIndex {
             block_size,
             entries: HashMap::new(),
             hash_of: HashMap::new(),
-            cached: LruCache::unbounded(),
         }
     }
 
@@ -138,49 +133,17 @@ impl PrefixIndex {
         (blocks, hashes)
     }
 
-    /// An indexed block lost its last reference: keep it, most recently used.
-    pub fn park(&mut self, block: BlockId) {
-        debug_assert!(self.is_indexed(block));
-        self.cached.put(block, ());
-    }
-
-    /// Takes a cached block out of the LRU (it is being referenced again).
-    pub fn unpark(&mut self, block: BlockId) -> bool {
-        self.cached.pop(&block).is_some()
-    }
-
-    pub fn is_cached(&self, block: BlockId) -> bool {
-        self.cached.contains(&block)
-    }
-
-    /// Cached (unreferenced, evictable) blocks.
-    pub fn cached_len(&self) -> usize {
-        self.cached.len()
-    }
-
-    /// The cached blocks, most recently released first.
-    pub fn cached_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.cached.iter().map(|(b, _)| *b)
-    }
-
-    /// Evicts the least recently released cached block: it leaves the index and is
-    /// returned for reuse (its reference count is zero).
-    pub fn evict_lru(&mut self) -> Option<BlockId> {
-        let (block, ()) = self.cached.pop_lru()?;
+    /// Drops `block`'s entry (it is being evicted for reuse). Entries of its
+    /// descendants stay, unreachable until the same prefix is registered again.
+    pub fn remove(&mut self, block: BlockId) {
         if let Some(hash) = self.hash_of.remove(&block) {
             self.entries.remove(&hash);
         }
-        Some(block)
     }
 
-    /// Forgets every entry (stale KV after a weight update) and returns the cached
-    /// blocks, which the caller must free. Blocks still in use stay with their tables
-    /// but are no longer matchable, and are freed normally when released.
-    pub fn clear(&mut self) -> Vec<BlockId> {
-        let cached: Vec<BlockId> = self.cached.iter().map(|(b, _)| *b).collect();
-        self.cached.clear();
+    /// Forgets every entry (stale KV after a weight update).
+    pub fn clear(&mut self) {
         self.entries.clear();
         self.hash_of.clear();
-        cached
     }
 }

@@ -4,7 +4,6 @@ use std::collections::HashMap;
 
 use super::KvCache;
 use crate::kv::segment::SegmentId;
-use crate::kv::BlockId;
 
 impl KvCache {
     // ----- self-check ---------------------------------------------------------------
@@ -75,27 +74,6 @@ impl KvCache {
                 ));
             }
         }
-        let mut seen = vec![0u8; n];
-        for b in self.pool.free_blocks() {
-            seen[b.index()] += 1;
-        }
-        for b in self.index.cached_blocks() {
-            seen[b.index()] += 1;
-            if !self.index.is_indexed(b) {
-                return Err(format!("cached {b} is not indexed"));
-            }
-        }
-        for i in 0..n {
-            let b = BlockId::new(i as u32);
-            let rc = self.pool.refcount(b);
-            if rc != refs[i] {
-                return Err(format!("{b}: refcount {rc} but {} holders", refs[i]));
-            }
-            let states = seen[i] as u32 + u32::from(rc > 0);
-            if states != 1 {
-                return Err(format!("{b}: in {states} of in-use / cached / free"));
-            }
-        }
-        Ok(())
+        self.pool.check_states(&refs)
     }
 }

@@ -6,31 +6,36 @@ use std::collections::HashSet;
 use super::{KvCache, KvStats, TableState};
 use crate::kv::prefix::BlockHash;
 use crate::kv::table::{blocks_for, BlockTable};
-use crate::kv::{BlockId, BlockPool, KvError, PinId, SeqId};
+use crate::kv::{BlockId, BlockPool, KvError, KvStorage, PinId, SeqId};
 use crate::model::TokenId;
 
 impl KvCache {
     // ----- sizes and counters -------------------------------------------------------
 
-    /// The pool (read-only: refcounts, free list, raw block data).
+    /// The block states (read-only: refcounts, free list, cached LRU, index).
     pub fn pool(&self) -> &BlockPool {
         &self.pool
     }
 
+    /// The KV bytes (read-only: each block's keys and values per layer).
+    pub fn storage(&self) -> &KvStorage {
+        &self.storage
+    }
+
     pub fn block_size(&self) -> usize {
-        self.pool.block_size()
+        self.storage.block_size()
     }
 
     pub fn num_blocks(&self) -> usize {
-        self.pool.num_blocks()
+        self.storage.num_blocks()
     }
 
     pub fn bytes_per_block(&self) -> usize {
-        self.pool.bytes_per_block()
+        self.storage.bytes_per_block()
     }
 
     pub fn bytes_per_token(&self) -> usize {
-        self.pool.bytes_per_token()
+        self.storage.bytes_per_token()
     }
 
     /// Blocks needed for `tokens` positions in one table (rounded up).
@@ -58,7 +63,7 @@ impl KvCache {
 
     /// Blocks referenced by a table or pin.
     pub fn blocks_in_use(&self) -> usize {
-        self.pool.num_blocks() - self.pool.free_count() - self.index.cached_len()
+        self.storage.num_blocks() - self.pool.free_count() - self.pool.cached_count()
     }
 
     /// KV bytes held by live tables and pins.
@@ -74,7 +79,7 @@ impl KvCache {
 
     /// Unreferenced blocks kept for prefix reuse.
     pub fn cached_blocks(&self) -> usize {
-        self.index.cached_len()
+        self.pool.cached_count()
     }
 
     pub fn free_blocks(&self) -> usize {
@@ -83,20 +88,20 @@ impl KvCache {
 
     /// Blocks a reservation could get right now (free + evictable).
     pub fn available_blocks(&self) -> usize {
-        self.pool.free_count() + self.index.cached_len()
+        self.pool.available_count()
     }
 
     pub fn is_cached(&self, block: BlockId) -> bool {
-        self.index.is_cached(block)
+        self.pool.is_cached(block)
     }
 
     pub fn is_indexed(&self, block: BlockId) -> bool {
-        self.index.is_indexed(block)
+        self.pool.is_indexed(block)
     }
 
     /// The cached blocks, most recently released first.
     pub fn cached_block_ids(&self) -> Vec<BlockId> {
-        self.index.cached_blocks().collect()
+        self.pool.cached_blocks().collect()
     }
 
     pub fn stats(&self) -> KvStats {
@@ -107,11 +112,11 @@ impl KvCache {
             pinned: self.pinned_blocks(),
             cached: self.cached_blocks(),
             free: self.free_blocks(),
-            indexed: self.index.indexed_len(),
+            indexed: self.pool.indexed_count(),
             bytes_per_block: self.bytes_per_block(),
             bytes_per_token: self.bytes_per_token(),
             cow_copies: self.cow_copies,
-            evictions: self.evictions,
+            evictions: self.pool.evictions(),
         }
     }
 

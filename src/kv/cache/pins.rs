@@ -66,9 +66,7 @@ impl KvCache {
     /// nothing computed before the call is ever matched again, and blocks such
     /// sequences fill later (mixing old and new KV) are not indexed either.
     pub fn clear_prefix_cache(&mut self) {
-        for b in self.index.clear() {
-            self.pool.recycle(b);
-        }
+        self.pool.clear_cache();
         self.epoch += 1;
     }
 }

@@ -58,9 +58,9 @@ impl KvCache {
         if st.len > 0 || !st.blocks.is_empty() || st.frozen.is_some() {
             return Err(KvError::NotEmpty(seq));
         }
-        let (blocks, hashes) = self.index.lookup(tokens);
+        let (blocks, hashes) = self.pool.lookup(tokens);
         for &b in &blocks {
-            self.retain_block(b);
+            self.pool.retain(b);
         }
         let matched = blocks.len() * self.block_size();
         let st = self

@@ -20,11 +20,11 @@ impl KvCache {
         key: &[f32],
         value: &[f32],
     ) -> Result<(), KvError> {
-        let (bs, kv_dim) = (self.block_size(), self.pool.kv_dim());
-        if layer >= self.pool.num_layers() {
+        let (bs, kv_dim) = (self.block_size(), self.storage.kv_dim());
+        if layer >= self.storage.num_layers() {
             return Err(KvError::BadLayer {
                 layer,
-                num_layers: self.pool.num_layers(),
+                num_layers: self.storage.num_layers(),
             });
         }
         for row in [key, value] {
@@ -53,7 +53,7 @@ impl KvCache {
             let rows = self.rows_to_keep(i, st.len, position);
             self.copy_on_write(seq, i, rows)?
         };
-        self.pool.write_row(layer, block, row, key, value);
+        self.storage.write_row(layer, block, row, key, value);
         Ok(())
     }
 
@@ -63,7 +63,7 @@ impl KvCache {
         let Some(st) = self.seqs.get(&seq) else {
             return Vec::new();
         };
-        if layer >= self.pool.num_layers() {
+        if layer >= self.storage.num_layers() {
             return Vec::new();
         }
         let n = blocks_for(len, self.block_size()).min(st.frozen_blocks + st.blocks.len());
@@ -71,7 +71,7 @@ impl KvCache {
         let chain = self.segments.chain(st.frozen);
         let frozen = chain.iter().flat_map(|&id| &self.segments.get(id).blocks);
         for &b in frozen.chain(&st.blocks).take(n) {
-            out.push((self.pool.keys(layer, b), self.pool.values(layer, b)));
+            out.push((self.storage.keys(layer, b), self.storage.values(layer, b)));
         }
         out
     }

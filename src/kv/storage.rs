@@ -1,0 +1,205 @@
+//! [`KvStorage`]: the preallocated KV memory, cut into fixed-size blocks — the bytes
+//! only; which block is free, cached or in use is [`BlockPool`](super::BlockPool)'s.
+//!
+//! Per layer there is one f32 buffer for keys and one for values, each laid out
+//! `[num_blocks, block_size, kv_dim]` (`kv_dim = n_kv_heads * head_dim`, all KV heads of a
+//! position side by side, as the attention kernel reads them). The number of blocks
+//! follows from a byte budget ([`KvConfig`]): one block costs
+//! `2 * num_layers * block_size * kv_dim * 4` bytes, and nothing is allocated after
+//! construction.
+
+use std::fmt;
+
+use super::error::KvError;
+use super::ids::BlockId;
+
+/// Rows per block unless configured otherwise.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// How the KV pool is sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvConfig {
+    /// Positions per block.
+    pub block_size: usize,
+    /// Bytes of KV memory (keys and values of all layers); rounded down to whole blocks.
+    pub budget_bytes: usize,
+}
+
+impl KvConfig {
+    /// Blocks of [`DEFAULT_BLOCK_SIZE`] within `budget_bytes`.
+    pub fn with_budget(budget_bytes: usize) -> Self {
+        KvConfig {
+            block_size: DEFAULT_BLOCK_SIZE,
+            budget_bytes,
+        }
+    }
+}
+
+/// The K and V buffers of every layer, addressed by block.
+pub struct KvStorage {
+    num_layers: usize,
+    kv_dim: usize,
+    block_size: usize,
+    num_blocks: usize,
+    /// `keys[layer]`, `values[layer]`: `[num_blocks, block_size, kv_dim]` floats.
+    keys: Vec<Vec<f32>>,
+    values: Vec<Vec<f32>>,
+}
+
+impl fmt::Debug for KvStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KvStorage")
+            .field("num_layers", &self.num_layers)
+            .field("kv_dim", &self.kv_dim)
+            .field("block_size", &self.block_size)
+            .field("num_blocks", &self.num_blocks)
+            .finish()
+    }
+}
+
+/// A zeroed buffer of `floats` f32s, or [`KvError::Alloc`]. The memory comes from
+/// `alloc_zeroed` (fresh zero pages from the OS for a buffer this large), so a pool
+/// costs physical memory only as its blocks are first written: a pool sized
+/// generously from the machine's memory is cheap until it is used.
+fn alloc_zeroed(floats: usize) -> Result<Vec<f32>, KvError> {
+    let err = || KvError::Alloc {
+        bytes: floats.saturating_mul(4),
+    };
+    if floats == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(floats).map_err(|_| err())?;
+    // SAFETY: the layout has a non-zero size; a null return is an allocation failure,
+    // handled. A non-null pointer is a zeroed allocation of `floats` f32s from the
+    // global allocator with f32's alignment — exactly what `Vec<f32>` with capacity
+    // and length `floats` owns and frees — and all-zero bytes are a valid 0.0f32.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout) as *mut f32;
+        if ptr.is_null() {
+            return Err(err());
+        }
+        Ok(Vec::from_raw_parts(ptr, floats, floats))
+    }
+}
+
+impl KvStorage {
+    /// Bytes one block takes across all layers, keys and values.
+    pub fn block_bytes(num_layers: usize, block_size: usize, kv_dim: usize) -> Option<usize> {
+        2usize
+            .checked_mul(num_layers)?
+            .checked_mul(block_size)?
+            .checked_mul(kv_dim)?
+            .checked_mul(std::mem::size_of::<f32>())
+    }
+
+    /// Buffers for as many blocks as `config.budget_bytes` holds, zeroed.
+    pub fn new(config: KvConfig, num_layers: usize, kv_dim: usize) -> Result<Self, KvError> {
+        if config.block_size == 0 || num_layers == 0 || kv_dim == 0 {
+            return Err(KvError::InvalidConfig(format!(
+                "block_size {}, num_layers {num_layers} and kv_dim {kv_dim} must all be positive",
+                config.block_size
+            )));
+        }
+        let bytes_per_block = Self::block_bytes(num_layers, config.block_size, kv_dim)
+            .ok_or_else(|| KvError::InvalidConfig("block size overflows".into()))?;
+        let num_blocks = config.budget_bytes / bytes_per_block;
+        if num_blocks == 0 {
+            return Err(KvError::BudgetTooSmall {
+                budget_bytes: config.budget_bytes,
+                bytes_per_block,
+            });
+        }
+        if num_blocks > u32::MAX as usize {
+            return Err(KvError::InvalidConfig(format!(
+                "{num_blocks} blocks exceed the {} a BlockId can name",
+                u32::MAX
+            )));
+        }
+        // Fits: num_blocks * bytes_per_block <= budget_bytes.
+        let floats = num_blocks * config.block_size * kv_dim;
+        let mut keys = Vec::with_capacity(num_layers);
+        let mut values = Vec::with_capacity(num_layers);
+        for _ in 0..num_layers {
+            keys.push(alloc_zeroed(floats)?);
+            values.push(alloc_zeroed(floats)?);
+        }
+        Ok(KvStorage {
+            num_layers,
+            kv_dim,
+            block_size: config.block_size,
+            num_blocks,
+            keys,
+            values,
+        })
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.num_layers
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// `2 * num_layers * block_size * kv_dim * 4`.
+    pub fn bytes_per_block(&self) -> usize {
+        self.block_size * self.bytes_per_token()
+    }
+
+    /// `2 * num_layers * kv_dim * 4`.
+    pub fn bytes_per_token(&self) -> usize {
+        2 * self.num_layers * self.kv_dim * std::mem::size_of::<f32>()
+    }
+
+    fn block_range(&self, block: BlockId) -> std::ops::Range<usize> {
+        let n = self.block_size * self.kv_dim;
+        block.index() * n..(block.index() + 1) * n
+    }
+
+    /// Copies rows `0..rows` of `src` into `dst` in every layer, keys and values
+    /// (copy-on-write of a shared, partly filled block).
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId, rows: usize) {
+        let rows = rows.min(self.block_size);
+        if rows == 0 || src == dst {
+            return;
+        }
+        let from = self.block_range(src).start;
+        let to = self.block_range(dst).start;
+        let n = rows * self.kv_dim;
+        for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
+            buf.copy_within(from..from + n, to);
+        }
+    }
+
+    /// Writes one position's key and value (`kv_dim` floats each) into `row` of `block`.
+    pub fn write_row(
+        &mut self,
+        layer: usize,
+        block: BlockId,
+        row: usize,
+        key: &[f32],
+        value: &[f32],
+    ) {
+        let at = self.block_range(block).start + row * self.kv_dim;
+        self.keys[layer][at..at + self.kv_dim].copy_from_slice(key);
+        self.values[layer][at..at + self.kv_dim].copy_from_slice(value);
+    }
+
+    /// The `block_size * kv_dim` keys of `block` in `layer`.
+    pub fn keys(&self, layer: usize, block: BlockId) -> &[f32] {
+        &self.keys[layer][self.block_range(block)]
+    }
+
+    /// The `block_size * kv_dim` values of `block` in `layer`.
+    pub fn values(&self, layer: usize, block: BlockId) -> &[f32] {
+        &self.values[layer][self.block_range(block)]
+    }
+}
