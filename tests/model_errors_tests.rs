@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::Value;
 use candle_core::{DType, Device, Tensor};
 use common::tiny::{write_gguf, Flavour, TinyModel};
-use treegrpo::engine::{generate, GenerateRequest, Sampling, StopReason};
+use treegrpo::engine::{generate, EngineError, GenerateRequest, Sampling, StopReason};
 use treegrpo::model::{LoadedModel, ModelError};
 
 fn load_err(path: &Path) -> ModelError {
@@ -336,10 +336,10 @@ fn prompt_longer_than_context_window() {
     assert!(
         matches!(
             err,
-            ModelError::ContextOverflow {
+            EngineError::Model(ModelError::ContextOverflow {
                 tokens: 65,
                 max: 64
-            }
+            })
         ),
         "{err:?}"
     );
@@ -352,6 +352,24 @@ fn prompt_longer_than_context_window() {
     };
     let out = generate(&m.model, &ok).unwrap();
     assert_eq!((out.tokens.len(), out.stop), (1, StopReason::ContextFull));
+
+    // The caller's other mistakes are variants of their own, as through the engine.
+    let empty = GenerateRequest {
+        prompt: Vec::new(),
+        ..ok.clone()
+    };
+    let err = generate(&m.model, &empty).unwrap_err();
+    assert!(matches!(err, EngineError::EmptyPrompt), "{err:?}");
+    let vocab = m.model.config().vocab_size;
+    let oov = GenerateRequest {
+        prompt: vec![40, vocab as u32 + 3],
+        ..ok
+    };
+    let err = generate(&m.model, &oov).unwrap_err();
+    assert!(
+        matches!(err, EngineError::BadToken { token, vocab: v } if token == vocab as u32 + 3 && v == vocab),
+        "{err:?}"
+    );
 }
 
 #[test]

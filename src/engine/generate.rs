@@ -1,8 +1,8 @@
 //! Generation of one sequence over a dense KV store: what `treegrpo generate` runs.
 
-use crate::model::{
-    BatchSeq, DenseKvStore, ForwardBatch, LogitsWanted, Model, ModelError, TokenId,
-};
+use crate::model::{BatchSeq, DenseKvStore, ForwardBatch, LogitsWanted, Model, ModelError, TokenId};
+
+use super::error::EngineError;
 
 use super::rng::SeqRng;
 use super::sampling::{sample, SampledToken, Sampling};
@@ -29,16 +29,26 @@ pub struct SingleGeneration {
 }
 
 /// Prefills the prompt, then decodes one token per forward until a stop condition.
-pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration, ModelError> {
+/// A caller's mistake is a variant of its own, as through the batched engine:
+/// [`EngineError::EmptyPrompt`], [`EngineError::BadToken`], and a prompt that fills the
+/// context is `Model(ContextOverflow)`.
+pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration, EngineError> {
     let cfg = model.config();
     if req.prompt.is_empty() {
-        return Err(ModelError::Tokenizer("empty prompt".into()));
+        return Err(EngineError::EmptyPrompt);
+    }
+    if let Some(&token) = req.prompt.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+        return Err(EngineError::BadToken {
+            token,
+            vocab: cfg.vocab_size,
+        });
     }
     if req.prompt.len() >= cfg.max_position_embeddings {
         return Err(ModelError::ContextOverflow {
             tokens: req.prompt.len(),
             max: cfg.max_position_embeddings,
-        });
+        }
+        .into());
     }
     let mut kv = DenseKvStore::new(cfg.num_layers, cfg.kv_dim());
     let slot = kv.add_sequence();
