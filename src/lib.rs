@@ -14,8 +14,10 @@
 //! 5. [`rollout`] — agent episodes (and trees of them) through engine and environment.
 //! 6. [`advantage`] — group-relative advantages over finished forests (pure math, no
 //!    imports of its own; the rollout layer calls it).
-//! 7. [`view`] — presentation: a forest drawn as one self-contained HTML page.
-//! 8. [`bench`] — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
+//! 7. [`train`] — the update: a differentiable decoder with tree attention, verl's
+//!    policy loss, optimisers.
+//! 8. [`view`] — presentation: a forest drawn as one self-contained HTML page.
+//! 9. [`bench`] — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
 //!    `mistralrs` feature) on the same prompts and seed, measured.
 //!
 //! See `ARCHITECTURE.md` for the invariants and where to change what.
@@ -30,4 +32,5 @@ pub mod model;
 #[cfg(feature = "mistralrs")]
 pub mod peer;
 pub mod rollout;
+pub mod train;
 pub mod view;

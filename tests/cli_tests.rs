@@ -192,7 +192,7 @@ fn bench_prints_the_documented_json() {
         assert!(rollouts > 0.0 && computed > 0.0);
         let per_10k = r["rollouts_per_10k_tokens"].as_f64().unwrap();
         assert!((per_10k - rollouts * 1e4 / computed).abs() < 1e-9);
-        for key in ["trees", "expand", "rounds", "keep", "select", "chains"] {
+        for key in ["trees", "expand", "rounds", "keep", "selection", "chains"] {
             assert!(r["config"].get(key).is_some(), "config.{key}");
         }
         assert!(r["wall_seconds"].as_f64().unwrap() > 0.0);

@@ -13,7 +13,7 @@ use treegrpo::model::LoadedModel;
 use treegrpo::rollout::export::TrajectoryRecord;
 use treegrpo::rollout::{
     run_rollout, Output, RolloutRequest, RolloutResult, RunHooks, RunOptions, RunSummary,
-    Selection, TreeConfig,
+    Selection, TreeConfig, TreeShape,
 };
 
 fn data(f: &str) -> PathBuf {
@@ -24,11 +24,7 @@ fn data(f: &str) -> PathBuf {
 
 fn tree_config(prefix_reuse: bool) -> TreeConfig {
     TreeConfig {
-        trees: 2,
-        expand: 2,
-        rounds: 1,
-        keep: None,
-        selection: Selection::Paper,
+        shape: TreeShape::tree(2, 2, 1, Selection::Paper),
         sampling: Sampling::Random {
             temperature: 1.0,
             top_k: None,

@@ -9,17 +9,15 @@ use crate::env::{Environment, QaSample};
 use crate::model::LoadedModel;
 use crate::rollout::{
     run_rollout, ProgressFn, RolloutError, RolloutRequest, RunHooks, RunOptions, RunSummary,
-    Selection, TokenSummary, TreeConfig,
+    Selection, TokenSummary, TreeConfig, TreeShape,
 };
 
-/// The shape of one mode's rollouts.
+/// The shape of one mode's rollouts: the rollout's [`TreeShape`], serialised flat,
+/// plus G for chain modes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModeConfig {
-    pub trees: usize,
-    pub expand: usize,
-    pub rounds: usize,
-    pub keep: Option<usize>,
-    pub select: Selection,
+    #[serde(flatten)]
+    pub shape: TreeShape,
     /// G for chain modes (`None` for trees).
     pub chains: Option<usize>,
 }
@@ -69,11 +67,7 @@ impl BenchMode {
             mode: ModeKind::Chain,
             label: format!("chain-{g}"),
             config: ModeConfig {
-                trees: g,
-                expand: 0,
-                rounds: 0,
-                keep: None,
-                select: Selection::Paper,
+                shape: TreeShape::chains(g),
                 chains: Some(g),
             },
             prefix_reuse: true,
@@ -89,11 +83,7 @@ impl BenchMode {
             mode: ModeKind::Tree,
             label: format!("tree-{m}-{n}-{l}{sel}"),
             config: ModeConfig {
-                trees: m,
-                expand: n,
-                rounds: l,
-                keep: None,
-                select,
+                shape: TreeShape::tree(m, n, l, select),
                 chains: None,
             },
             prefix_reuse: true,
@@ -110,13 +100,8 @@ impl BenchMode {
     }
 
     pub fn tree_config(&self, settings: &BenchSettings) -> TreeConfig {
-        let c = &self.config;
         TreeConfig {
-            trees: c.trees,
-            expand: c.expand,
-            rounds: c.rounds,
-            keep: c.keep,
-            selection: c.select,
+            shape: self.config.shape,
             sampling: settings.sampling,
             max_step_tokens: settings.max_step_tokens,
             seed: settings.seed,

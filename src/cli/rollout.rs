@@ -10,7 +10,7 @@ use treegrpo::engine::{Engine, EngineConfig, Sampling};
 use treegrpo::env::{Task, TaskData};
 use treegrpo::rollout::{
     run_rollout, Interrupt, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, Selection,
-    TreeConfig,
+    TreeConfig, TreeShape,
 };
 
 #[derive(Debug, Args)]
@@ -88,17 +88,17 @@ impl RolloutArgs {
         let sampling = Sampling::from_temperature(Some(self.temperature));
         let mut cfg = match self.chains {
             Some(g) => TreeConfig::chains(g, sampling, self.seed),
-            None => TreeConfig {
-                trees: self.trees,
-                expand: self.expand,
-                rounds: self.rounds,
-                keep: self.keep,
-                selection: self.select,
+            None => TreeConfig::new(
+                TreeShape {
+                    trees: self.trees,
+                    expand: self.expand,
+                    rounds: self.rounds,
+                    keep: self.keep,
+                    selection: self.select,
+                },
                 sampling,
-                max_step_tokens: self.max_step_tokens,
-                seed: self.seed,
-                prefix_reuse: true,
-            },
+                self.seed,
+            ),
         };
         cfg.max_step_tokens = self.max_step_tokens;
         cfg.prefix_reuse = !self.no_prefix_reuse;
@@ -151,7 +151,7 @@ pub async fn execute(
 
 pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
     let cfg = a.tree_config();
-    anyhow::ensure!(cfg.trees > 0, "--trees / --chains must be at least 1");
+    anyhow::ensure!(cfg.shape.trees > 0, "--trees / --chains must be at least 1");
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
     anyhow::ensure!(
         a.max_step_tokens > 0,

@@ -71,6 +71,33 @@ impl Linear {
         self.out_features
     }
 
+    /// The bias, if the layer has one.
+    pub fn bias(&self) -> Option<&[f32]> {
+        self.bias.as_deref()
+    }
+
+    /// The weight as dense f32 `[out, in]`, row-major, dequantised with ggml's own
+    /// formulas where the file is quantised: what the trainer starts from.
+    pub fn dense_weight(&self) -> Result<Vec<f32>, ModelError> {
+        match &self.weight {
+            LinearWeight::Quant(w) => {
+                let mut out = vec![0f32; self.out_features * self.in_features];
+                for (o, row) in out.chunks_exact_mut(self.in_features).enumerate() {
+                    w.dequantize_row(o, row);
+                }
+                Ok(out)
+            }
+            LinearWeight::Candle(QMatMul::QTensor(q)) => {
+                Ok(q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?)
+            }
+            LinearWeight::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t))
+            | LinearWeight::Dense(t) => Ok(t
+                .to_dtype(candle_core::DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?),
+        }
+    }
+
     /// Applies the layer to `rows` rows of `x`, returning `[rows, out]`.
     pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
         let mut y = match &self.weight {

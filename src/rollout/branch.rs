@@ -98,7 +98,7 @@ impl StepModel for BranchModel<'_> {
             // Compute the observation now and keep a snapshot of the node's end, so
             // later branches from here start without recomputing anything.
             engine.prefill(self.steps.seq).await?;
-            if self.ctx.config.prefix_reuse && self.ctx.config.rounds > 0 {
+            if self.ctx.config.prefix_reuse && self.ctx.config.shape.rounds > 0 {
                 snapshot = Some(engine.fork(self.steps.seq).await?);
             }
         }

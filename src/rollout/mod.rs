@@ -6,6 +6,8 @@
 //! - [`episode`]: runs one agent episode step by step.
 //! - [`forest`]: trees of agent steps as plain data.
 //! - [`select`]: which nodes grow branches (`paper` / `reference`).
+//! - [`config`]: the search's shape ([`TreeShape`]: M, N, L, K, selection) and
+//!   sampling settings ([`TreeConfig`]); the bench's modes are shapes too.
 //! - `branch`: one branch of a tree through the shared agent loop.
 //! - [`sampler`]: the tree sampler (M trees, N branches, L rounds, K kept) and the
 //!   chain baseline, with fork-based prefix reuse or reference-style recomputation.
@@ -15,6 +17,7 @@
 //! - [`output`]: the run's files written as prompts finish, and `forest.jsonl` read back.
 
 mod branch;
+pub mod config;
 pub mod episode;
 pub mod error;
 pub mod export;
@@ -33,6 +36,7 @@ pub use run::{
     run_rollout, ForestSummary, Interrupt, Progress, ProgressFn, RolloutRequest, RolloutResult,
     RunHooks, RunOptions, RunSummary, TokenSummary,
 };
-pub use sampler::{FailedBranch, ForestCost, TreeConfig};
+pub use config::{TreeConfig, TreeShape};
+pub use sampler::{FailedBranch, ForestCost};
 pub use select::Selection;
 pub use trajectory::Trajectory;

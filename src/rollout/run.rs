@@ -25,9 +25,8 @@ use super::error::RolloutError;
 use super::export::{score_forest, TrajectoryRecord};
 use super::forest::Tree;
 use super::output::Output;
-use super::sampler::{
-    sample_prompt_forest, FailedBranch, Forest, ForestCost, SamplerContext, TreeConfig,
-};
+use super::config::TreeConfig;
+use super::sampler::{sample_prompt_forest, FailedBranch, Forest, ForestCost, SamplerContext};
 
 /// A new prompt starts only while at least 1/this of the KV pool is free or
 /// evictable (and nothing waits for room): under memory pressure the run finishes

@@ -20,66 +20,16 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
-use crate::engine::{Engine, Sampling, SeqRng, SeqUsage};
+use crate::engine::{Engine, SeqRng, SeqUsage};
 use crate::env::{Environment, Episode, QaSample};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
 use super::branch::{add_snapshot_usage, grow_branch, BranchStart};
+use super::config::TreeConfig;
 use super::error::RolloutError;
 use super::forest::Tree;
-use super::select::{select_nodes, Selection};
-
-/// Shape of the search and how to sample.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TreeConfig {
-    /// M: trees per prompt.
-    pub trees: usize,
-    /// N: branches grown per tree per round.
-    pub expand: usize,
-    /// L: expansion rounds.
-    pub rounds: usize,
-    /// K: leaves kept per tree at random (all when `None`).
-    pub keep: Option<usize>,
-    pub selection: Selection,
-    pub sampling: Sampling,
-    pub max_step_tokens: usize,
-    pub seed: u64,
-    /// Fork branches from cached prefixes (on) or re-send every prefix (off).
-    pub prefix_reuse: bool,
-}
-
-impl TreeConfig {
-    /// Whether the search grows no branches (G chains): the GRPO baseline.
-    pub fn is_chains(&self) -> bool {
-        self.rounds == 0 || self.expand == 0
-    }
-
-    /// The advantage a run of this shape uses unless told otherwise: group-relative
-    /// over each prompt's chains (`grpo`), or Tree-GRPO's intra + inter-tree (`tree`).
-    pub fn default_advantage(&self) -> crate::advantage::AdvantageMode {
-        if self.is_chains() {
-            crate::advantage::AdvantageMode::Grpo
-        } else {
-            crate::advantage::AdvantageMode::Tree
-        }
-    }
-
-    /// G independent chains per prompt: the GRPO baseline.
-    pub fn chains(g: usize, sampling: Sampling, seed: u64) -> Self {
-        TreeConfig {
-            trees: g,
-            expand: 0,
-            rounds: 0,
-            keep: None,
-            selection: Selection::Paper,
-            sampling,
-            max_step_tokens: 256,
-            seed,
-            prefix_reuse: true,
-        }
-    }
-}
+use super::select::select_nodes;
 
 /// What one prompt's forest cost: the usage of every sequence it ran (summed as each is
 /// freed) plus what only the sampler knows. Summed over forests it gives the run's
@@ -184,7 +134,7 @@ pub async fn sample_prompt_forest(
     let t0 = Instant::now();
     let cfg = &ctx.config;
     let uid = sample.id.to_string();
-    let mut trees: Vec<Tree> = (0..cfg.trees).map(|t| Tree::new(uid.clone(), t)).collect();
+    let mut trees: Vec<Tree> = (0..cfg.shape.trees).map(|t| Tree::new(uid.clone(), t)).collect();
     let mut cost = ForestCost::default();
     let empty = |cost, failed, t0: Instant| Forest {
         trees: Vec::new(),
@@ -193,7 +143,7 @@ pub async fn sample_prompt_forest(
         wall_seconds: t0.elapsed().as_secs_f64(),
     };
     if !ctx.may_start().await? {
-        cost.skipped_branches += cfg.trees as u64;
+        cost.skipped_branches += cfg.shape.trees as u64;
         return Ok(empty(cost, Vec::new(), t0));
     }
     ctx.engine.wait_for_kv_room(ctx.prompt_room_blocks).await?;
@@ -219,7 +169,7 @@ pub async fn sample_prompt_forest(
         None
     };
 
-    let mut runtime: Vec<HashMap<usize, NodeRuntime>> = (0..cfg.trees)
+    let mut runtime: Vec<HashMap<usize, NodeRuntime>> = (0..cfg.shape.trees)
         .map(|_| {
             HashMap::from([(
                 0,
@@ -230,14 +180,14 @@ pub async fn sample_prompt_forest(
             )])
         })
         .collect();
-    let mut branch_counter = vec![0u64; cfg.trees];
+    let mut branch_counter = vec![0u64; cfg.shape.trees];
     let mut failed = Vec::new();
 
     // Round 0: one chain per tree; rounds 1..=L: N branches per tree.
     let grown = async {
-        for round in 0..=cfg.rounds {
+        for round in 0..=cfg.shape.rounds {
             let mut jobs = JoinSet::new();
-            for t in 0..cfg.trees {
+            for t in 0..cfg.shape.trees {
                 let starts = if round == 0 {
                     vec![0]
                 } else {
@@ -248,7 +198,7 @@ pub async fn sample_prompt_forest(
                         round as u64,
                         SELECT_SALT,
                     ]);
-                    select_nodes(cfg.selection, &trees[t].inner_steps(), cfg.expand, &mut rng)
+                    select_nodes(cfg.shape.selection, &trees[t].inner_steps(), cfg.shape.expand, &mut rng)
                 };
                 for start in starts {
                     // Branch ids are drawn even for skipped branches, so a budget never
@@ -345,7 +295,7 @@ pub async fn sample_prompt_forest(
     grown?;
     // Trees that never got a chain (the budget ran out first) are not exported.
     trees.retain(|t| t.nodes.len() > 1);
-    if let Some(k) = cfg.keep {
+    if let Some(k) = cfg.shape.keep {
         for tree in trees.iter_mut() {
             let mut rng =
                 SeqRng::from_parts(&[cfg.seed, prompt_index, tree.tree_id as u64, KEEP_SALT]);

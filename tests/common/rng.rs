@@ -36,6 +36,16 @@ impl Rng {
         (!v.is_empty()).then(|| v[self.below(v.len())])
     }
 
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Roughly standard normal (sum of 12 uniforms, centred): enough for test weights.
+    pub fn normal(&mut self) -> f64 {
+        (0..12).map(|_| self.unit()).sum::<f64>() - 6.0
+    }
+
     pub fn tokens(&mut self, n: usize, vocab: usize) -> Vec<TokenId> {
         (0..n).map(|_| self.below(vocab) as TokenId).collect()
     }

@@ -169,8 +169,19 @@ impl Rng {
 
 impl TinyModel {
     pub fn new(flavour: Flavour, seed: u64) -> Self {
+        Self::with_dims(flavour, seed, 64, 128)
+    }
+
+    /// Hidden 16, FFN 32 (head_dim 4): small enough to check every weight's gradient
+    /// by finite differences.
+    pub fn small(flavour: Flavour, seed: u64) -> Self {
+        Self::with_dims(flavour, seed, 16, 32)
+    }
+
+    /// Two layers, 4 heads over 2 KV heads, the given widths.
+    pub fn with_dims(flavour: Flavour, seed: u64, hidden: usize, ff: usize) -> Self {
         let vocab = Vocabulary::tiny();
-        let (hidden, layers, heads, kv_heads, ff) = (64, 2, 4, 2, 128);
+        let (layers, heads, kv_heads) = (2, 4, 2);
         let (q, kv, v) = (hidden, hidden / heads * kv_heads, vocab.tokens.len());
         let qwen = flavour == Flavour::Qwen2;
         let mut rng = Rng(seed);

@@ -1,0 +1,98 @@
+//! What a tree search is asked to do: its shape ([`TreeShape`]: M, N, L, K and the
+//! node selection) and how it samples ([`TreeConfig`]). The bench's modes and the
+//! rollout share the shape, so a mode is a shape and nothing is copied field by field.
+
+use serde::{Deserialize, Serialize};
+
+use super::select::Selection;
+use crate::engine::Sampling;
+
+/// The shape of a search: M trees per prompt, N branches per tree per round, L
+/// rounds, K leaves kept, and how expansion nodes are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeShape {
+    /// M: trees per prompt.
+    pub trees: usize,
+    /// N: branches grown per tree per round.
+    pub expand: usize,
+    /// L: expansion rounds.
+    pub rounds: usize,
+    /// K: leaves kept per tree at random (all when `None`).
+    pub keep: Option<usize>,
+    pub selection: Selection,
+}
+
+impl TreeShape {
+    /// G independent chains per prompt: the GRPO baseline.
+    pub fn chains(g: usize) -> Self {
+        TreeShape {
+            trees: g,
+            expand: 0,
+            rounds: 0,
+            keep: None,
+            selection: Selection::Paper,
+        }
+    }
+
+    /// (M, N, L) trees keeping every leaf.
+    pub fn tree(m: usize, n: usize, l: usize, selection: Selection) -> Self {
+        TreeShape {
+            trees: m,
+            expand: n,
+            rounds: l,
+            keep: None,
+            selection,
+        }
+    }
+
+    /// Whether the search grows no branches (G chains): the GRPO baseline.
+    pub fn is_chains(&self) -> bool {
+        self.rounds == 0 || self.expand == 0
+    }
+}
+
+/// Shape of the search and how to sample. Serialised flat (the shape's fields beside
+/// the sampling ones), as `summary.json` has always had it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TreeConfig {
+    #[serde(flatten)]
+    pub shape: TreeShape,
+    pub sampling: Sampling,
+    pub max_step_tokens: usize,
+    pub seed: u64,
+    /// Fork branches from cached prefixes (on) or re-send every prefix (off).
+    pub prefix_reuse: bool,
+}
+
+impl TreeConfig {
+    /// A search of `shape` with 256-token steps, reusing prefixes.
+    pub fn new(shape: TreeShape, sampling: Sampling, seed: u64) -> Self {
+        TreeConfig {
+            shape,
+            sampling,
+            max_step_tokens: 256,
+            seed,
+            prefix_reuse: true,
+        }
+    }
+
+    /// G independent chains per prompt: the GRPO baseline.
+    pub fn chains(g: usize, sampling: Sampling, seed: u64) -> Self {
+        Self::new(TreeShape::chains(g), sampling, seed)
+    }
+
+    /// Whether the search grows no branches (G chains): the GRPO baseline.
+    pub fn is_chains(&self) -> bool {
+        self.shape.is_chains()
+    }
+
+    /// The advantage a run of this shape uses unless told otherwise: group-relative
+    /// over each prompt's chains (`grpo`), or Tree-GRPO's intra + inter-tree (`tree`).
+    pub fn default_advantage(&self) -> crate::advantage::AdvantageMode {
+        if self.is_chains() {
+            crate::advantage::AdvantageMode::Grpo
+        } else {
+            crate::advantage::AdvantageMode::Tree
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Tree attention with a backward of its own: a candle [`CustomOp3`] over
+//! `q [rows, heads, head_dim]`, `k` and `v [rows, kv_heads, head_dim]` in which each row
+//! attends to its ancestors and itself ([`TreeLayout`]), grouped-query heads included.
+//!
+//! Why an op of our own: candle's fused softmax has no backward, and composing the
+//! attention from candle ops keeps several `[heads, rows, rows]` intermediates per
+//! layer alive until the backward (gigabytes at a few thousand packed rows), plus a
+//! dense mask. This kernel keeps nothing but its output: the backward recomputes each
+//! row's probabilities from q and k (as flash attention does), so memory is linear in
+//! the rows, and a row only ever visits the keys it attends to.
+//!
+//! Forward, per row `i` and head `h` (scale `s = 1/sqrt(head_dim)`):
+//! `p_ij = softmax_j(s q_i·k_j)` over the allowed `j`, `o_i = Σ_j p_ij v_j`.
+//! Backward, with `D_i = dO_i·o_i`: `dS_ij = p_ij (dO_i·v_j − D_i)`,
+//! `dq_i = s Σ_j dS_ij k_j`, `dk_j += s dS_ij q_i`, `dv_j += p_ij dO_i`.
+//! Each row's arithmetic is a fixed sequential loop, so results do not depend on the
+//! thread count. f32 and f64 (the finite-difference tests) are supported.
+
+use std::sync::Arc;
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
+use num_traits::Float;
+use rayon::prelude::*;
+
+use super::layout::TreeLayout;
+
+/// The op; holds the layout so the backward sees the same mask.
+#[derive(Debug, Clone)]
+pub struct TreeAttention {
+    layout: Arc<TreeLayout>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+/// `softmax(q kᵀ / sqrt(d)) v` over each row's ancestors: `q [rows, heads, d]`,
+/// `k, v [rows, kv_heads, d]` (contiguous), result `[rows, heads, d]`.
+pub fn tree_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    layout: &Arc<TreeLayout>,
+) -> candle_core::Result<Tensor> {
+    let (rows, heads, head_dim) = q.dims3()?;
+    let (krows, kv_heads, kd) = k.dims3()?;
+    if krows != rows || kd != head_dim || v.dims3()? != (rows, kv_heads, head_dim) {
+        candle_core::bail!(
+            "tree attention: q {:?}, k {:?}, v {:?} do not match",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
+    }
+    if rows != layout.len() || kv_heads == 0 || heads % kv_heads != 0 {
+        candle_core::bail!(
+            "tree attention: {rows} rows for a layout of {}, {heads} heads over {kv_heads} KV heads",
+            layout.len()
+        );
+    }
+    let op = TreeAttention {
+        layout: layout.clone(),
+        heads,
+        kv_heads,
+        head_dim,
+    };
+    q.contiguous()?
+        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+}
+
+fn contiguous<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [T]> {
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&s.as_slice::<T>()?[a..b]),
+        None => candle_core::bail!("tree attention needs contiguous inputs"),
+    }
+}
+
+impl TreeAttention {
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Row `i`, head `h`: the scores over its allowed keys (scaled), softmaxed in place.
+    fn probabilities<T: Float>(&self, q: &[T], k: &[T], i: usize, h: usize, p: &mut Vec<T>) {
+        let d = self.head_dim;
+        let scale = T::from(1.0 / (d as f64).sqrt()).expect("a float");
+        let g = h / self.group();
+        let q_i = &q[(i * self.heads + h) * d..][..d];
+        p.clear();
+        let mut max = T::neg_infinity();
+        for r in self.layout.runs(i) {
+            for j in r.start as usize..r.end as usize {
+                let k_j = &k[(j * self.kv_heads + g) * d..][..d];
+                let dot = q_i
+                    .iter()
+                    .zip(k_j)
+                    .fold(T::zero(), |acc, (&a, &b)| acc + a * b);
+                let s = dot * scale;
+                max = max.max(s);
+                p.push(s);
+            }
+        }
+        let mut sum = T::zero();
+        for s in p.iter_mut() {
+            *s = (*s - max).exp();
+            sum = sum + *s;
+        }
+        let inv = T::one() / sum;
+        for s in p.iter_mut() {
+            *s = *s * inv;
+        }
+    }
+
+    fn forward<T: Float + Send + Sync>(&self, q: &[T], k: &[T], v: &[T]) -> Vec<T> {
+        let d = self.head_dim;
+        let mut out = vec![T::zero(); q.len()];
+        out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |p, (idx, o)| {
+            let (i, h) = (idx / self.heads, idx % self.heads);
+            let g = h / self.group();
+            self.probabilities(q, k, i, h, p);
+            let mut at = 0;
+            for r in self.layout.runs(i) {
+                for j in r.start as usize..r.end as usize {
+                    let v_j = &v[(j * self.kv_heads + g) * d..][..d];
+                    for (o, &x) in o.iter_mut().zip(v_j) {
+                        *o = *o + p[at] * x;
+                    }
+                    at += 1;
+                }
+            }
+        });
+        out
+    }
+
+    /// `(dq, dk, dv)` for upstream gradient `dout` and the forward's result `out`.
+    fn backward<T: Float + Send + Sync>(
+        &self,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &[T],
+        dout: &[T],
+    ) -> (Vec<T>, Vec<T>, Vec<T>) {
+        let (d, rows) = (self.head_dim, self.layout.len());
+        let scale = T::from(1.0 / (d as f64).sqrt()).expect("a float");
+        // One query head per task: its dq rows, and its share of its KV head's dk, dv
+        // (summed over the group below, in head order).
+        let per_head: Vec<(Vec<T>, Vec<T>, Vec<T>)> = (0..self.heads)
+            .into_par_iter()
+            .map(|h| {
+                let g = h / self.group();
+                let mut dq = vec![T::zero(); rows * d];
+                let mut dk = vec![T::zero(); rows * d];
+                let mut dv = vec![T::zero(); rows * d];
+                let mut p = Vec::new();
+                for i in 0..rows {
+                    self.probabilities(q, k, i, h, &mut p);
+                    let at_q = (i * self.heads + h) * d;
+                    let (q_i, o_i, do_i) = (&q[at_q..][..d], &out[at_q..][..d], &dout[at_q..][..d]);
+                    let big_d = do_i
+                        .iter()
+                        .zip(o_i)
+                        .fold(T::zero(), |acc, (&a, &b)| acc + a * b);
+                    let mut at = 0;
+                    for r in self.layout.runs(i) {
+                        for j in r.start as usize..r.end as usize {
+                            let at_kv = (j * self.kv_heads + g) * d;
+                            let (k_j, v_j) = (&k[at_kv..][..d], &v[at_kv..][..d]);
+                            let dp = do_i
+                                .iter()
+                                .zip(v_j)
+                                .fold(T::zero(), |acc, (&a, &b)| acc + a * b);
+                            let ds = p[at] * (dp - big_d) * scale;
+                            for c in 0..d {
+                                dq[i * d + c] = dq[i * d + c] + ds * k_j[c];
+                                dk[j * d + c] = dk[j * d + c] + ds * q_i[c];
+                                dv[j * d + c] = dv[j * d + c] + p[at] * do_i[c];
+                            }
+                            at += 1;
+                        }
+                    }
+                }
+                (dq, dk, dv)
+            })
+            .collect();
+        let mut dq = vec![T::zero(); q.len()];
+        let mut dk = vec![T::zero(); k.len()];
+        let mut dv = vec![T::zero(); v.len()];
+        for (h, (hq, hk, hv)) in per_head.iter().enumerate() {
+            let g = h / self.group();
+            for i in 0..rows {
+                dq[(i * self.heads + h) * d..][..d].copy_from_slice(&hq[i * d..][..d]);
+                let at = (i * self.kv_heads + g) * d;
+                for c in 0..d {
+                    dk[at + c] = dk[at + c] + hk[i * d + c];
+                    dv[at + c] = dv[at + c] + hv[i * d + c];
+                }
+            }
+        }
+        (dq, dk, dv)
+    }
+
+    fn grads<T: Float + WithDType + Send + Sync>(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+        let flat = |t: &Tensor| t.contiguous()?.flatten_all()?.to_vec1::<T>();
+        let (dq, dk, dv) =
+            self.backward(&flat(q)?, &flat(k)?, &flat(v)?, &flat(res)?, &flat(grad)?);
+        Ok((
+            Tensor::from_vec(dq, q.shape(), q.device())?,
+            Tensor::from_vec(dk, k.shape(), k.device())?,
+            Tensor::from_vec(dv, v.shape(), v.device())?,
+        ))
+    }
+}
+
+impl CustomOp3 for TreeAttention {
+    fn name(&self) -> &'static str {
+        "tree-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let shape = l1.shape().clone();
+        let out = match s1.dtype() {
+            DType::F32 => f32::to_cpu_storage_owned(self.forward(
+                contiguous::<f32>(s1, l1)?,
+                contiguous::<f32>(s2, l2)?,
+                contiguous::<f32>(s3, l3)?,
+            )),
+            DType::F64 => f64::to_cpu_storage_owned(self.forward(
+                contiguous::<f64>(s1, l1)?,
+                contiguous::<f64>(s2, l2)?,
+                contiguous::<f64>(s3, l3)?,
+            )),
+            other => candle_core::bail!("tree attention runs in f32 or f64, not {other:?}"),
+        };
+        Ok((out, shape))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dq, dk, dv) = match q.dtype() {
+            DType::F32 => self.grads::<f32>(q, k, v, res, grad)?,
+            DType::F64 => self.grads::<f64>(q, k, v, res, grad)?,
+            other => candle_core::bail!("tree attention runs in f32 or f64, not {other:?}"),
+        };
+        Ok((Some(dq), Some(dk), Some(dv)))
+    }
+}

@@ -1,0 +1,219 @@
+//! The differentiable decoder: the same network as [`Model::forward`](crate::model::Model)
+//! built only from candle ops that have a backward, plus our tree attention.
+//!
+//! candle's fused `rms_norm`, `softmax_last_dim` and `rope*` kernels and `QMatMul`
+//! apply without a backward and would stop gradients silently, so each is composed
+//! here: RMSNorm from `sqr`/`mean`/`sqrt`/`recip`, RoPE from `narrow`/`mul`/`cat`
+//! with precomputed tables, the log-softmax from `max` (detached)/`exp`/`sum`/`log`,
+//! and attention is [`tree_attention`] with a backward of its own. A test checks
+//! that every weight gets a gradient.
+//!
+//! Input is a packed batch ([`PackedBatch`]): token rows in a [`TreeLayout`] (a row
+//! attends to its ancestors and itself, its position is its depth) and the rows to
+//! score — the hidden state of row `r` predicts the token `target` after it. Output
+//! is the log-probability of each target under `logits / temperature` and, on
+//! request, each scored row's entropy, both as graph tensors.
+
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor, D};
+
+use super::attention::tree_attention;
+use super::error::TrainError;
+use super::layout::TreeLayout;
+use super::params::Params;
+use crate::model::{RopeStyle, TokenId};
+
+/// Token rows laid out as a forest, and what to score.
+#[derive(Debug, Clone)]
+pub struct PackedBatch {
+    pub tokens: Vec<TokenId>,
+    pub layout: Arc<TreeLayout>,
+    /// Rows whose output is scored…
+    pub score_rows: Vec<u32>,
+    /// …against these next tokens (same length as `score_rows`).
+    pub targets: Vec<TokenId>,
+}
+
+/// Graph tensors of a forward: `logp[m]` and, if asked, `entropy[m]`.
+#[derive(Debug)]
+pub struct Scored {
+    pub logp: Tensor,
+    pub entropy: Option<Tensor>,
+}
+
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let inv = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
+    x.broadcast_mul(&inv)?.broadcast_mul(w)
+}
+
+fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
+    x.matmul(&w.t()?)
+}
+
+/// RoPE tables for `positions`: `(cos, sin)`, each `[rows, head_dim / 2]`, computed in
+/// f32 exactly as the engine's kernel computes its angles.
+fn rope_tables(
+    positions: &[u32],
+    head_dim: usize,
+    theta: f32,
+    dtype: DType,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    let half = head_dim / 2;
+    let inv: Vec<f32> = (0..head_dim)
+        .step_by(2)
+        .map(|i| 1f32 / theta.powf(i as f32 / head_dim as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(positions.len() * half);
+    let mut sin = Vec::with_capacity(positions.len() * half);
+    for &p in positions {
+        for f in &inv {
+            let (s, c) = (p as f32 * f).sin_cos();
+            cos.push(c);
+            sin.push(s);
+        }
+    }
+    let shape = (positions.len(), half);
+    Ok((
+        Tensor::from_vec(cos, shape, &Device::Cpu)?.to_dtype(dtype)?,
+        Tensor::from_vec(sin, shape, &Device::Cpu)?.to_dtype(dtype)?,
+    ))
+}
+
+/// Rotates `x [rows, heads, head_dim]` by the tables (`[rows, head_dim/2]`).
+fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> candle_core::Result<Tensor> {
+    let (rows, heads, d) = x.dims3()?;
+    let half = d / 2;
+    match style {
+        RopeStyle::HalfSplit => {
+            let (c, s) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
+            let a = x.narrow(2, 0, half)?;
+            let b = x.narrow(2, half, half)?;
+            let ra = (a.broadcast_mul(&c)? - b.broadcast_mul(&s)?)?;
+            let rb = (a.broadcast_mul(&s)? + b.broadcast_mul(&c)?)?;
+            Tensor::cat(&[ra, rb], 2)
+        }
+        RopeStyle::Interleaved => {
+            let pairs = x.reshape((rows, heads, half, 2))?;
+            let (c, s) = (cos.unsqueeze(1)?.unsqueeze(3)?, sin.unsqueeze(1)?.unsqueeze(3)?);
+            let a = pairs.narrow(3, 0, 1)?;
+            let b = pairs.narrow(3, 1, 1)?;
+            let ra = (a.broadcast_mul(&c)? - b.broadcast_mul(&s)?)?;
+            let rb = (a.broadcast_mul(&s)? + b.broadcast_mul(&c)?)?;
+            Tensor::cat(&[ra, rb], 3)?.reshape((rows, heads, d))
+        }
+    }
+}
+
+/// Log-probabilities of `targets` and (if asked) the entropy of each row of `logits`.
+fn score(
+    logits: &Tensor,
+    targets: &Tensor,
+    want_entropy: bool,
+) -> candle_core::Result<(Tensor, Option<Tensor>)> {
+    // The max is a constant shift: detached, it adds no term to the gradient.
+    let max = logits.max_keepdim(D::Minus1)?.detach();
+    let z = logits.broadcast_sub(&max)?;
+    let lse = z.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    let log_probs = z.broadcast_sub(&lse)?;
+    let logp = log_probs.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?;
+    let entropy = if want_entropy {
+        Some(
+            (log_probs.exp()? * &log_probs)?
+                .sum(D::Minus1)?
+                .neg()?,
+        )
+    } else {
+        None
+    };
+    Ok((logp, entropy))
+}
+
+impl Params {
+    /// The forward over `batch`: log-probabilities of its targets under
+    /// `logits / temperature`, and each scored row's entropy if `want_entropy`.
+    pub fn score(
+        &self,
+        batch: &PackedBatch,
+        temperature: f64,
+        want_entropy: bool,
+    ) -> Result<Scored, TrainError> {
+        let c = &self.config;
+        let rows = batch.tokens.len();
+        if rows != batch.layout.len() || batch.score_rows.len() != batch.targets.len() {
+            return Err(TrainError::BadBatch(format!(
+                "{rows} tokens, a layout of {} rows, {} scored rows and {} targets",
+                batch.layout.len(),
+                batch.score_rows.len(),
+                batch.targets.len()
+            )));
+        }
+        if let Some(&t) = batch
+            .tokens
+            .iter()
+            .chain(&batch.targets)
+            .find(|&&t| t as usize >= c.vocab_size)
+        {
+            return Err(TrainError::BadBatch(format!(
+                "token id {t} is outside the vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        if let Some(&p) = batch.layout.positions().iter().max() {
+            if p as usize >= c.max_position_embeddings {
+                return Err(TrainError::BadBatch(format!(
+                    "a path of {} tokens exceeds the context of {}",
+                    p + 1,
+                    c.max_position_embeddings
+                )));
+            }
+        }
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Err(TrainError::BadBatch(format!(
+                "temperature {temperature} must be positive"
+            )));
+        }
+        let dtype = self.dtype();
+        let dev = Device::Cpu;
+        let ids = Tensor::from_slice(&batch.tokens, rows, &dev)?;
+        let (cos, sin) = rope_tables(batch.layout.positions(), c.head_dim, c.rope_theta, dtype)?;
+        let mut x = self.embedding.as_tensor().index_select(&ids, 0)?;
+        for l in &self.layers {
+            let h = rms_norm(&x, &l.attn_norm, c.rms_norm_eps)?;
+            let mut q = linear(&h, &l.q)?;
+            let mut k = linear(&h, &l.k)?;
+            let mut v = linear(&h, &l.v)?;
+            if let Some([bq, bk, bv]) = &l.qkv_bias {
+                q = q.broadcast_add(bq)?;
+                k = k.broadcast_add(bk)?;
+                v = v.broadcast_add(bv)?;
+            }
+            let q = rope(
+                &q.reshape((rows, c.num_heads, c.head_dim))?,
+                &cos,
+                &sin,
+                c.rope_style,
+            )?;
+            let k = rope(
+                &k.reshape((rows, c.num_kv_heads, c.head_dim))?,
+                &cos,
+                &sin,
+                c.rope_style,
+            )?;
+            let v = v.reshape((rows, c.num_kv_heads, c.head_dim))?;
+            let attn = tree_attention(&q, &k, &v, &batch.layout)?.reshape((rows, c.q_dim()))?;
+            x = (x + linear(&attn, &l.o)?)?;
+            let h = rms_norm(&x, &l.ffn_norm, c.rms_norm_eps)?;
+            let g = linear(&h, &l.gate)?.silu()?;
+            let u = linear(&h, &l.up)?;
+            x = (x + linear(&(g * u)?, &l.down)?)?;
+        }
+        // Only the scored rows pay for the vocabulary projection.
+        let at = Tensor::from_slice(&batch.score_rows, batch.score_rows.len(), &dev)?;
+        let hs = rms_norm(&x.index_select(&at, 0)?, &self.final_norm, c.rms_norm_eps)?;
+        let logits = (linear(&hs, self.head())? / temperature)?;
+        let targets = Tensor::from_slice(&batch.targets, batch.targets.len(), &dev)?;
+        let (logp, entropy) = score(&logits, &targets, want_entropy)?;
+        Ok(Scored { logp, entropy })
+    }
+}

@@ -1,0 +1,33 @@
+//! The train layer: one policy-gradient update of the model the engine serves, in
+//! Rust, from finished trajectories.
+//!
+//! - [`params`]: the decoder's weights as trainable candle `Var`s, named as in HF.
+//! - [`layout`]: which rows of a packed batch attend to which (a forest of rows).
+//! - [`attention`]: tree attention as a candle op with a backward of its own.
+//! - [`decoder`]: the differentiable forward, built only from ops with a backward:
+//!   log-probabilities and entropies of scored tokens.
+//! - [`loss`]: verl's dual-clip PPO loss, k3 KL, entropy bonus, TIS weights and loss
+//!   aggregation, in plain Rust with its exact gradient.
+//! - [`pack`]: trajectories as a trie of token prefixes (packed) or one chain each.
+//! - [`optim`]: SGD, AdamW, grad-norm clipping, warm-up.
+//! - [`update`]: one update — micro-batches, accumulated gradients, one step, metrics.
+//!
+//! Only `model`, `engine` and `train` touch tensors.
+
+pub mod attention;
+pub mod decoder;
+pub mod error;
+pub mod layout;
+pub mod loss;
+pub mod optim;
+pub mod pack;
+pub mod params;
+pub mod update;
+
+pub use decoder::{PackedBatch, Scored};
+pub use error::TrainError;
+pub use layout::TreeLayout;
+pub use loss::{policy_loss, LossAgg, LossConfig, LossOutput, LossRow};
+pub use optim::{Optimizer, OptimizerConfig, OptimizerKind};
+pub use params::Params;
+pub use update::{loss_and_gradients, update, Evaluated, Forwarded, TrainSample, UpdateConfig, UpdateMetrics};

@@ -1,0 +1,293 @@
+//! One policy-gradient update: trajectories in, gradients accumulated over
+//! micro-batches, clipped, one optimiser step, metrics out.
+//!
+//! The update is one step over all its trajectories (one epoch, one mini-batch, as
+//! the Tree-GRPO reference trains). So the policy before the step *is* the current
+//! one: the old log-probabilities are the forward's own values, detached, and the
+//! ratio is 1 — a separate "recompute old logprobs" forward would produce the same
+//! numbers at a third more cost. A caller that has old log-probabilities of its own
+//! (the tests, a multi-step trainer) passes them in [`TrainSample::old_logprobs`].
+//! Without a reference model the KL's reference is the old policy too.
+//!
+//! Micro-batches bound memory; the loss weights are the whole update's
+//! ([`aggregation_weights`]), so accumulating micro-batch gradients gives the
+//! gradient of the whole loss exactly.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+
+use super::error::TrainError;
+use super::loss::{aggregation_weights, policy_loss_weighted, LossConfig, LossOutput, LossRow};
+use super::optim::{clip_grad_norm, Optimizer};
+use super::pack::{pack, Packed};
+use super::params::Params;
+use crate::model::TokenId;
+
+/// One trajectory as the update sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSample {
+    /// Prompt then response.
+    pub tokens: Vec<TokenId>,
+    pub prompt_len: usize,
+    /// Per response token: 1 = model token (trained on), 0 = observation.
+    pub response_mask: Vec<u8>,
+    /// The rollout engine's log-probabilities of the response tokens (for the TIS
+    /// weight); `None`: weight 1.
+    pub rollout_logprobs: Option<Vec<f64>>,
+    /// The old policy's, per response token; `None`: the forward's own (on-policy).
+    pub old_logprobs: Option<Vec<f64>>,
+    /// The reference policy's, per response token; `None`: equal to the old.
+    pub ref_logprobs: Option<Vec<f64>>,
+    pub advantage: f64,
+}
+
+impl TrainSample {
+    /// Positions (into `tokens`) of the loss tokens, with their response index.
+    fn loss_positions(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.response_mask
+            .iter()
+            .enumerate()
+            .filter(|(j, &m)| m == 1 && self.prompt_len + j > 0)
+            .map(|(j, _)| (self.prompt_len + j, j))
+    }
+
+    fn wanted(&self) -> Vec<bool> {
+        let mut w = vec![false; self.tokens.len()];
+        for (p, _) in self.loss_positions() {
+            w[p] = true;
+        }
+        w
+    }
+}
+
+/// How one update runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct UpdateConfig {
+    pub loss: LossConfig,
+    /// Global grad-norm clip (0: none).
+    pub max_grad_norm: f64,
+    /// Forward each prompt's trajectories as a trie (shared prefixes once).
+    pub packed: bool,
+    /// Rows per micro-batch (a longer trajectory gets one of its own).
+    pub micro_batch_tokens: usize,
+    /// The temperature the rollout sampled with: logits are divided by it.
+    pub temperature: f64,
+}
+
+impl Default for UpdateConfig {
+    fn default() -> Self {
+        UpdateConfig {
+            loss: LossConfig::default(),
+            max_grad_norm: 1.0,
+            packed: true,
+            micro_batch_tokens: 2048,
+            temperature: 1.0,
+        }
+    }
+}
+
+/// Rows forwarded, packed and as the unpacked count (each trajectory whole).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Forwarded {
+    pub packed: usize,
+    pub unpacked: usize,
+}
+
+/// What one update did: `treegrpo update`'s JSON line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UpdateMetrics {
+    pub loss: f64,
+    pub pg_loss: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    pub clip_fraction: f64,
+    pub tis_mean: f64,
+    /// Loss tokens.
+    pub tokens: usize,
+    pub tokens_forwarded: Forwarded,
+    pub micro_batches: usize,
+    pub lr: f64,
+    pub seconds: f64,
+}
+
+/// The loss of an update's trajectories, and its gradient if asked.
+#[derive(Debug)]
+pub struct Evaluated {
+    pub loss: LossOutput,
+    /// One per weight in [`Params::named`] order (zeros where a weight got none).
+    pub grads: Option<Vec<Tensor>>,
+    pub forwarded: Forwarded,
+    pub micro_batches: usize,
+}
+
+/// The loss of `samples` and, with `want_grads`, its gradient for every weight.
+pub fn loss_and_gradients(
+    params: &Params,
+    samples: &[TrainSample],
+    cfg: &UpdateConfig,
+    want_grads: bool,
+) -> Result<Evaluated, TrainError> {
+    let dtype = params.dtype();
+    // Every loss row of the update, in sample order, for the global weights.
+    let mut all_rows = Vec::new();
+    for (s, sample) in samples.iter().enumerate() {
+        for _ in sample.loss_positions() {
+            all_rows.push(LossRow {
+                seq: s,
+                unique: 0,
+                advantage: sample.advantage,
+                old_logp: 0.0,
+                ref_logp: None,
+                rollout_logp: None,
+            });
+        }
+    }
+    let weights = aggregation_weights(&all_rows, cfg.loss.agg);
+    let wanted: Vec<Vec<bool>> = samples.iter().map(TrainSample::wanted).collect();
+    let seqs: Vec<(&[TokenId], &[bool])> = samples
+        .iter()
+        .zip(&wanted)
+        .map(|(s, w)| (s.tokens.as_slice(), w.as_slice()))
+        .collect();
+    let batches = pack(&seqs, cfg.packed, cfg.micro_batch_tokens.max(1));
+    let forwarded = Forwarded {
+        packed: batches.iter().map(|b| b.batch.tokens.len()).sum(),
+        unpacked: samples.iter().map(|s| s.tokens.len()).sum(),
+    };
+    let named = params.named();
+    let mut grads: Option<Vec<Tensor>> = None;
+    let mut total = LossOutput::empty();
+    let mut row_at = 0;
+    for mb in &batches {
+        let rows = micro_batch_rows(mb, samples, &all_rows, row_at);
+        let w = &weights[row_at..row_at + rows.len()];
+        row_at += rows.len();
+        if mb.batch.targets.is_empty() {
+            continue;
+        }
+        let scored = params.score(&mb.batch, cfg.temperature, true)?;
+        let logp = scored.logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        let entropy_t = scored.entropy.expect("asked for entropy");
+        let entropy = entropy_t.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        let rows: Vec<LossRow> = rows
+            .into_iter()
+            .map(|mut r| {
+                // On-policy: the old (and reference) log-probability is the current one.
+                if r.old_logp.is_nan() {
+                    r.old_logp = logp[r.unique];
+                }
+                r
+            })
+            .collect();
+        let out = policy_loss_weighted(&rows, w, &logp, &entropy, &cfg.loss);
+        if want_grads {
+            let g = Tensor::from_vec(out.grad_logp.clone(), logp.len(), &Device::Cpu)?
+                .to_dtype(dtype)?;
+            let mut surrogate = (&scored.logp * g)?.sum_all()?;
+            if cfg.loss.entropy_coef != 0.0 {
+                let e = Tensor::from_vec(out.grad_entropy.clone(), entropy.len(), &Device::Cpu)?
+                    .to_dtype(dtype)?;
+                surrogate = (surrogate + (&entropy_t * e)?.sum_all()?)?;
+            }
+            let store = surrogate.backward()?;
+            let acc = grads.get_or_insert_with(Vec::new);
+            for (i, (_, var)) in named.iter().enumerate() {
+                let g = match store.get(var.as_tensor()) {
+                    Some(g) => g.clone(),
+                    None => var.as_tensor().zeros_like()?,
+                };
+                if acc.len() <= i {
+                    acc.push(g);
+                } else {
+                    acc[i] = (&acc[i] + g)?;
+                }
+            }
+        }
+        total.merge(&out);
+    }
+    if want_grads && grads.is_none() {
+        grads = Some(
+            named
+                .iter()
+                .map(|(_, v)| v.as_tensor().zeros_like())
+                .collect::<Result<_, _>>()?,
+        );
+    }
+    Ok(Evaluated {
+        loss: total,
+        grads,
+        forwarded,
+        micro_batches: batches.len(),
+    })
+}
+
+/// The loss rows of one micro-batch (contiguous in the update's order from `row_at`),
+/// pointing at its unique entries; `old_logp` is NaN where the forward supplies it.
+fn micro_batch_rows(
+    mb: &Packed,
+    samples: &[TrainSample],
+    all_rows: &[LossRow],
+    row_at: usize,
+) -> Vec<LossRow> {
+    let mut rows = Vec::new();
+    for (k, &s) in mb.seqs.iter().enumerate() {
+        let sample = &samples[s];
+        for (p, j) in sample.loss_positions() {
+            let base = all_rows[row_at + rows.len()];
+            let at = |v: &Option<Vec<f64>>| v.as_ref().and_then(|v| v.get(j).copied());
+            rows.push(LossRow {
+                unique: mb.scored[k][p].expect("every loss position is scored") as usize,
+                old_logp: at(&sample.old_logprobs).unwrap_or(f64::NAN),
+                ref_logp: at(&sample.ref_logprobs),
+                rollout_logp: at(&sample.rollout_logprobs),
+                ..base
+            });
+        }
+    }
+    rows
+}
+
+/// One update of `params` over `samples`: gradients, a finite check, clipping, one
+/// optimiser step. Nothing changes if a gradient is not finite.
+pub fn update(
+    params: &Params,
+    optimizer: &mut Optimizer,
+    samples: &[TrainSample],
+    cfg: &UpdateConfig,
+) -> Result<UpdateMetrics, TrainError> {
+    let t0 = Instant::now();
+    let Evaluated {
+        loss: out,
+        grads,
+        forwarded,
+        micro_batches,
+    } = loss_and_gradients(params, samples, cfg, true)?;
+    let mut grads = grads.expect("asked for gradients");
+    for ((name, _), g) in params.named().iter().zip(&grads) {
+        let s = g.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        if !s.is_finite() {
+            return Err(TrainError::NonFiniteGradient { name: name.clone() });
+        }
+    }
+    let grad_norm = clip_grad_norm(&mut grads, cfg.max_grad_norm)?;
+    let lr = optimizer.current_lr();
+    optimizer.step(params, &grads)?;
+    Ok(UpdateMetrics {
+        loss: out.loss,
+        pg_loss: out.pg_loss,
+        kl: out.kl,
+        entropy: out.entropy,
+        grad_norm,
+        clip_fraction: out.clip_fraction,
+        tis_mean: out.tis_mean,
+        tokens: out.tokens,
+        tokens_forwarded: forwarded,
+        micro_batches,
+        lr,
+        seconds: t0.elapsed().as_secs_f64(),
+    })
+}
