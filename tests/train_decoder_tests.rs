@@ -20,6 +20,7 @@ use treegrpo::train::pack::pack;
 use treegrpo::train::{Params, TreeLayout};
 
 #[test]
+#[allow(clippy::single_range_in_vec_init)] // a row's runs are a list, here of one
 fn layout_runs_follow_the_trie_and_positions_are_depths() {
     // 0-1-2 (a chain), 3 a child of 1, 4 a child of 3, 5 a new root, 6 a child of 2.
     let l = TreeLayout::new(vec![None, Some(0), Some(1), Some(1), Some(3), None, Some(2)]).unwrap();
