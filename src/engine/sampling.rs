@@ -23,6 +23,15 @@ pub enum Sampling {
 }
 
 impl Sampling {
+    /// The temperature the reported logprobs are taken under (1 for greedy): what a
+    /// trainer divides its logits by to score the same distribution.
+    pub fn logprob_temperature(&self) -> f64 {
+        match self {
+            Sampling::Greedy => 1.0,
+            Sampling::Random { temperature, .. } => *temperature as f64,
+        }
+    }
+
     /// Greedy for no or non-positive temperature, else plain sampling.
     pub fn from_temperature(t: Option<f32>) -> Self {
         match t {

@@ -20,6 +20,11 @@ pub struct TrajectoryRecord {
     #[serde(flatten)]
     pub trajectory: Trajectory,
     pub advantage: f64,
+    /// The temperature `response_logprobs` were taken under (the rollout's sampling
+    /// temperature; 1 for greedy): the trainer scores under the same. Absent in files
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
 }
 
 /// The advantage module's view of a prompt's trees.
@@ -84,6 +89,7 @@ pub fn score_forest(
                 node_path: path,
                 trajectory: traj,
                 advantage: leaf_adv.get(t, NodeIdx(leaf.id)).unwrap_or(0.0),
+                temperature: None,
             });
         }
     }

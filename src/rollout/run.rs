@@ -291,11 +291,14 @@ pub async fn run_rollout(
         };
         let (i, forest) = joined.map_err(|e| RolloutError::Task(e.to_string()))?;
         let mut forest = forest?;
-        let records = if forest.trees.is_empty() {
+        let mut records = if forest.trees.is_empty() {
             Vec::new()
         } else {
             score_forest(&prompts[i], &mut forest.trees, options.advantage)?
         };
+        for r in &mut records {
+            r.temperature = Some(config.sampling.logprob_temperature());
+        }
         let summary = forest_summary(i, &samples[i], &forest, &records);
         ready.insert(
             i,

@@ -10,6 +10,7 @@
 //!   aggregation, in plain Rust with its exact gradient.
 //! - [`pack`]: trajectories as a trie of token prefixes (packed) or one chain each.
 //! - [`optim`]: SGD, AdamW, grad-norm clipping, warm-up.
+//! - [`input`]: `trajectories.jsonl` read and checked, errors naming file and line.
 //! - [`update`]: one update — micro-batches, accumulated gradients, one step, metrics.
 //!
 //! Only `model`, `engine` and `train` touch tensors.
@@ -17,6 +18,7 @@
 pub mod attention;
 pub mod decoder;
 pub mod error;
+pub mod input;
 pub mod layout;
 pub mod loss;
 pub mod optim;

@@ -1,0 +1,142 @@
+//! Reading an update's input: `trajectories.jsonl` as `treegrpo rollout` writes it
+//! (verl's agent-loop fields: `prompt_ids`, `response_ids`, `response_mask`,
+//! `response_logprobs`, `advantage`, and the `temperature` they were sampled at), so
+//! rollouts made elsewhere in the same schema train the same way.
+//!
+//! Every line is checked before anything is computed, and the first bad one is
+//! reported with the file and its 1-based line number: ids outside the vocabulary,
+//! mask / ids / logprobs of different lengths, a mask value other than 0 and 1, a
+//! missing or non-finite advantage, an empty prompt, a path longer than the context,
+//! mixed temperatures, an empty file.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::error::TrainError;
+use super::update::TrainSample;
+use crate::model::{ModelConfig, TokenId};
+
+/// The fields an update reads; the rest of a record is ignored.
+#[derive(Debug, Deserialize)]
+struct Line {
+    prompt_ids: Vec<TokenId>,
+    response_ids: Vec<TokenId>,
+    response_mask: Vec<u8>,
+    #[serde(default)]
+    response_logprobs: Option<Vec<f32>>,
+    advantage: Option<f64>,
+    #[serde(default)]
+    temperature: Option<f64>,
+}
+
+/// An update's trajectories and the temperature they were sampled at.
+#[derive(Debug, Clone)]
+pub struct TrainingData {
+    pub samples: Vec<TrainSample>,
+    /// From the records; 1 when none says (and for greedy rollouts).
+    pub temperature: f64,
+}
+
+/// Reads and checks `path` against the model it will train.
+pub fn read_trajectories(path: &Path, model: &ModelConfig) -> Result<TrainingData, TrainError> {
+    let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io(path.to_path_buf(), e))?;
+    let bad = |line: usize, message: String| TrainError::BadInput {
+        path: path.to_path_buf(),
+        line,
+        message,
+    };
+    let mut samples = Vec::new();
+    let mut temperature: Option<f64> = None;
+    for (i, raw) in text.lines().enumerate() {
+        let n = i + 1;
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let line: Line = serde_json::from_str(raw)
+            .map_err(|e| bad(n, format!("not a trajectory record: {e}")))?;
+        let advantage = line
+            .advantage
+            .ok_or_else(|| bad(n, "the advantage is missing (null)".into()))?;
+        if !advantage.is_finite() {
+            return Err(bad(n, format!("the advantage {advantage} is not finite")));
+        }
+        let r = line.response_ids.len();
+        if line.response_mask.len() != r {
+            return Err(bad(
+                n,
+                format!("{r} response ids but {} mask values", line.response_mask.len()),
+            ));
+        }
+        if let Some(lp) = &line.response_logprobs {
+            if lp.len() != r {
+                return Err(bad(n, format!("{r} response ids but {} logprobs", lp.len())));
+            }
+            if let Some(j) = lp.iter().position(|x| !x.is_finite()) {
+                return Err(bad(n, format!("response logprob {j} is not finite")));
+            }
+        }
+        if let Some(&m) = line.response_mask.iter().find(|&&m| m > 1) {
+            return Err(bad(n, format!("mask value {m} (masks are 0 or 1)")));
+        }
+        if line.prompt_ids.is_empty() {
+            return Err(bad(n, "the prompt is empty".into()));
+        }
+        if let Some(&t) = line
+            .prompt_ids
+            .iter()
+            .chain(&line.response_ids)
+            .find(|&&t| t as usize >= model.vocab_size)
+        {
+            return Err(bad(
+                n,
+                format!("token id {t} is outside the model's vocabulary of {}", model.vocab_size),
+            ));
+        }
+        let len = line.prompt_ids.len() + r;
+        if len > model.max_position_embeddings {
+            return Err(bad(
+                n,
+                format!(
+                    "{len} tokens exceed the model's context of {}",
+                    model.max_position_embeddings
+                ),
+            ));
+        }
+        if let Some(t) = line.temperature {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(bad(n, format!("temperature {t} must be positive")));
+            }
+            match temperature {
+                Some(prev) if prev != t => {
+                    return Err(bad(
+                        n,
+                        format!("temperature {t} differs from the {prev} of earlier lines: update one rollout's output at a time"),
+                    ))
+                }
+                _ => temperature = Some(t),
+            }
+        }
+        let prompt_len = line.prompt_ids.len();
+        let mut tokens = line.prompt_ids;
+        tokens.extend(&line.response_ids);
+        samples.push(TrainSample {
+            tokens,
+            prompt_len,
+            response_mask: line.response_mask,
+            rollout_logprobs: line
+                .response_logprobs
+                .map(|v| v.into_iter().map(f64::from).collect()),
+            old_logprobs: None,
+            ref_logprobs: None,
+            advantage,
+        });
+    }
+    if samples.is_empty() {
+        return Err(bad(0, "no trajectories (the file is empty)".into()));
+    }
+    Ok(TrainingData {
+        samples,
+        temperature: temperature.unwrap_or(1.0),
+    })
+}
