@@ -23,7 +23,16 @@ use treegrpo::train::{Params, TreeLayout};
 #[allow(clippy::single_range_in_vec_init)] // a row's runs are a list, here of one
 fn layout_runs_follow_the_trie_and_positions_are_depths() {
     // 0-1-2 (a chain), 3 a child of 1, 4 a child of 3, 5 a new root, 6 a child of 2.
-    let l = TreeLayout::new(vec![None, Some(0), Some(1), Some(1), Some(3), None, Some(2)]).unwrap();
+    let l = TreeLayout::new(vec![
+        None,
+        Some(0),
+        Some(1),
+        Some(1),
+        Some(3),
+        None,
+        Some(2),
+    ])
+    .unwrap();
     assert_eq!(l.positions(), &[0, 1, 2, 2, 3, 0, 3]);
     assert_eq!(l.runs(2), &[0..3]);
     assert_eq!(l.runs(3), &[0..2, 3..4]);
@@ -70,13 +79,33 @@ fn random_var(rng: &mut Rng, dims: &[usize]) -> Var {
 fn dense_attention(q: &Tensor, k: &Tensor, v: &Tensor, layout: &TreeLayout) -> Tensor {
     let (n, heads, d) = q.dims3().unwrap();
     let kv_heads = k.dim(1).unwrap();
-    let group: Vec<u32> = (0..heads).map(|h| (h / (heads / kv_heads)) as u32).collect();
+    let group: Vec<u32> = (0..heads)
+        .map(|h| (h / (heads / kv_heads)) as u32)
+        .collect();
     let group = Tensor::new(group.as_slice(), &Device::Cpu).unwrap();
     let q = q.transpose(0, 1).unwrap().contiguous().unwrap(); // [H, n, d]
-    let k = k.index_select(&group, 1).unwrap().transpose(0, 1).unwrap().contiguous().unwrap();
-    let v = v.index_select(&group, 1).unwrap().transpose(0, 1).unwrap().contiguous().unwrap();
+    let k = k
+        .index_select(&group, 1)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap()
+        .contiguous()
+        .unwrap();
+    let v = v
+        .index_select(&group, 1)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap()
+        .contiguous()
+        .unwrap();
     let mask: Vec<f64> = (0..n * n)
-        .map(|x| if layout.attends(x / n, x % n) { 0.0 } else { -1e9 })
+        .map(|x| {
+            if layout.attends(x / n, x % n) {
+                0.0
+            } else {
+                -1e9
+            }
+        })
         .collect();
     let mask = Tensor::from_vec(mask, (n, n), &Device::Cpu).unwrap();
     let scores = (q.matmul(&k.t().unwrap()).unwrap() / (d as f64).sqrt()).unwrap();
@@ -84,7 +113,12 @@ fn dense_attention(q: &Tensor, k: &Tensor, v: &Tensor, layout: &TreeLayout) -> T
     let max = scores.max_keepdim(D::Minus1).unwrap().detach();
     let e = scores.broadcast_sub(&max).unwrap().exp().unwrap();
     let p = e.broadcast_div(&e.sum_keepdim(D::Minus1).unwrap()).unwrap();
-    p.matmul(&v).unwrap().transpose(0, 1).unwrap().contiguous().unwrap()
+    p.matmul(&v)
+        .unwrap()
+        .transpose(0, 1)
+        .unwrap()
+        .contiguous()
+        .unwrap()
 }
 
 fn max_rel(a: &Tensor, b: &Tensor) -> f64 {
@@ -108,10 +142,22 @@ fn tree_attention_and_its_backward_equal_masked_dense_attention() {
         let ours = tree_attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &layout).unwrap();
         let dense = dense_attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), &layout);
         assert!(max_rel(&ours, &dense) < 1e-12, "forward n={n}");
-        let g_ours = (ours * &probe).unwrap().sum_all().unwrap().backward().unwrap();
-        let g_dense = (dense * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let g_ours = (ours * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g_dense = (dense * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         for (name, var) in [("q", &q), ("k", &k), ("v", &v)] {
-            let a = g_ours.get(var.as_tensor()).expect("our op gives a gradient");
+            let a = g_ours
+                .get(var.as_tensor())
+                .expect("our op gives a gradient");
             let b = g_dense.get(var.as_tensor()).unwrap();
             let err = max_rel(a, b);
             assert!(err < 1e-11, "d{name} n={n}: {err}");
@@ -122,7 +168,12 @@ fn tree_attention_and_its_backward_equal_masked_dense_attention() {
 /// log-softmax of a logits row at `token`.
 fn log_prob(row: &[f32], token: u32) -> f64 {
     let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln() + max;
+    let lse = row
+        .iter()
+        .map(|&x| (x as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
     row[token as usize] as f64 - lse
 }
 

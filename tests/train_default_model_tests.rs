@@ -28,27 +28,40 @@ fn prompt(m: &LoadedModel) -> Vec<u32> {
 }
 
 #[test]
-fn every_weight_of_the_default_model_gets_a_finite_nonzero_gradient_and_logprobs_match_the_engine(
-) {
+fn every_weight_of_the_default_model_gets_a_finite_nonzero_gradient_and_logprobs_match_the_engine()
+{
     let (m, p) = load();
     let mut tokens = prompt(&m);
     let prompt_len = tokens.len();
     let reply = m
         .tokenizer
-        .encode("<think>The capital is Paris.</think> <answer>the Seine</answer>", false)
+        .encode(
+            "<think>The capital is Paris.</think> <answer>the Seine</answer>",
+            false,
+        )
         .unwrap();
     tokens.extend(&reply);
 
     // Log-probabilities: trainer against engine, every response token.
     let wanted: Vec<bool> = (0..tokens.len()).map(|i| i >= prompt_len).collect();
     let packed = &pack(&[(&tokens, &wanted)], true, 1 << 20)[0];
-    let ours = p.score(&packed.batch, 1.0, false).unwrap().logp.to_vec1::<f32>().unwrap();
+    let ours = p
+        .score(&packed.batch, 1.0, false)
+        .unwrap()
+        .logp
+        .to_vec1::<f32>()
+        .unwrap();
     let engine = common::tiny::logits_all(&m, &tokens);
     let (mut max, mut sum) = (0f64, 0f64);
     for pos in prompt_len..tokens.len() {
         let row = &engine[pos - 1];
         let top = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = row.iter().map(|&x| (x as f64 - top).exp()).sum::<f64>().ln() + top;
+        let lse = row
+            .iter()
+            .map(|&x| (x as f64 - top).exp())
+            .sum::<f64>()
+            .ln()
+            + top;
         let want = row[tokens[pos] as usize] as f64 - lse;
         let got = ours[packed.scored[0][pos].unwrap() as usize] as f64;
         let d = (got - want).abs();
@@ -56,7 +69,10 @@ fn every_weight_of_the_default_model_gets_a_finite_nonzero_gradient_and_logprobs
         sum += d;
     }
     let n = (tokens.len() - prompt_len) as f64;
-    eprintln!("trainer vs engine logprobs over {n} tokens: max |Δ| {max:.2e}, mean {:.2e}", sum / n);
+    eprintln!(
+        "trainer vs engine logprobs over {n} tokens: max |Δ| {max:.2e}, mean {:.2e}",
+        sum / n
+    );
     assert!(max < 1e-4, "max |Δ logp| {max}");
 
     // Gradients: every tensor, finite and non-zero.
@@ -79,11 +95,22 @@ fn every_weight_of_the_default_model_gets_a_finite_nonzero_gradient_and_logprobs
     let eval = loss_and_gradients(&p, &[sample], &cfg, true).unwrap();
     let grads = eval.grads.unwrap();
     let named = p.named();
-    assert_eq!(named.len(), 2 + 9 * p.config.num_layers, "tied head: no lm_head tensor");
+    assert_eq!(
+        named.len(),
+        2 + 9 * p.config.num_layers,
+        "tied head: no lm_head tensor"
+    );
     for ((name, _), g) in named.iter().zip(&grads) {
         let g = g.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        assert!(g.iter().all(|x| x.is_finite()), "{name}: a gradient is not finite");
-        let norm: f64 = g.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt();
+        assert!(
+            g.iter().all(|x| x.is_finite()),
+            "{name}: a gradient is not finite"
+        );
+        let norm: f64 = g
+            .iter()
+            .map(|&x| (x as f64) * (x as f64))
+            .sum::<f64>()
+            .sqrt();
         assert!(norm > 0.0, "{name}: zero gradient");
     }
 }

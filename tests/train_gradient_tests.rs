@@ -110,7 +110,15 @@ fn current_logprobs(p: &Params, samples: &[TrainSample]) -> Vec<Vec<f64>> {
 fn off_policy(rng: &mut Rng, p: &Params, samples: &mut [TrainSample]) {
     // r = exp(logp - old): below 1-ε, inside, above 1+ε (clipped for A > 0), beyond the
     // dual clip c = 3 (clipped for A < 0), and a log-ratio past the ±20 clamp.
-    let log_ratios = [0.5f64.ln(), 0.9f64.ln(), 1.1f64.ln(), 1.5f64.ln(), 3.6f64.ln(), 21.0, -21.5];
+    let log_ratios = [
+        0.5f64.ln(),
+        0.9f64.ln(),
+        1.1f64.ln(),
+        1.5f64.ln(),
+        3.6f64.ln(),
+        21.0,
+        -21.5,
+    ];
     let current = current_logprobs(p, samples);
     for (s, lp) in samples.iter_mut().zip(current) {
         let mut old = Vec::new();
@@ -144,6 +152,9 @@ fn full_loss_config(agg: LossAgg) -> UpdateConfig {
     }
 }
 
+/// A finite-difference check's worst violation: (weight, index, fd, analytic, excess).
+type Violation = (String, usize, f64, f64, f64);
+
 /// The worst violation of `|fd − g| ≤ 1e-7 + 1e-5·|g|` over the weights `which`
 /// selects (all when `None`), with `analytic` gradients against finite differences of
 /// the loss of `samples`: (name, index, fd, g, excess), or `None` if all pass.
@@ -153,16 +164,26 @@ fn finite_difference_check(
     cfg: &UpdateConfig,
     analytic: &[Tensor],
     which: Option<&[&str]>,
-) -> (usize, Option<(String, usize, f64, f64, f64)>) {
+) -> (usize, Option<Violation>) {
     let h = 1e-5;
-    let loss = |p: &Params| loss_and_gradients(p, samples, cfg, false).unwrap().loss.loss;
-    let mut worst: Option<(String, usize, f64, f64, f64)> = None;
+    let loss = |p: &Params| {
+        loss_and_gradients(p, samples, cfg, false)
+            .unwrap()
+            .loss
+            .loss
+    };
+    let mut worst: Option<Violation> = None;
     let mut checked = 0;
     for ((name, var), g) in p.named().into_iter().zip(analytic) {
         if which.is_some_and(|w| !w.iter().any(|n| name.contains(n))) {
             continue;
         }
-        let orig = var.as_tensor().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let orig = var
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
         let g = g.flatten_all().unwrap().to_vec1::<f64>().unwrap();
         let shape = var.as_tensor().shape().clone();
         let mut w = orig.clone();
@@ -205,8 +226,14 @@ fn every_weights_gradient_matches_finite_differences() {
         assert!(eval.micro_batches > 1, "the check spans micro-batches");
         let out = &eval.loss;
         // Every regime of the loss is exercised.
-        assert!(out.clip_fraction > 0.1 && out.clip_fraction < 0.9, "{out:?}");
-        assert!(out.kl > 0.0 && out.entropy > 0.0 && out.tis_mean != 1.0, "{out:?}");
+        assert!(
+            out.clip_fraction > 0.1 && out.clip_fraction < 0.9,
+            "{out:?}"
+        );
+        assert!(
+            out.kl > 0.0 && out.entropy > 0.0 && out.tis_mean != 1.0,
+            "{out:?}"
+        );
         let grads = eval.grads.unwrap();
         let (checked, worst) = finite_difference_check(&p, &samples, &cfg, &grads, None);
         assert_eq!(checked, p.count(), "every weight is checked");
@@ -232,14 +259,30 @@ fn the_check_fails_when_an_observation_mask_is_dropped() {
         }
     }
     assert!(dropped > 0);
-    let grads = loss_and_gradients(&p, &buggy, &cfg, true).unwrap().grads.unwrap();
-    let (_, worst) =
-        finite_difference_check(&p, &samples, &cfg, &grads, Some(&["model.norm", "layers.1.mlp.down"]));
-    assert!(worst.is_some(), "a dropped mask must fail the gradient check");
+    let grads = loss_and_gradients(&p, &buggy, &cfg, true)
+        .unwrap()
+        .grads
+        .unwrap();
+    let (_, worst) = finite_difference_check(
+        &p,
+        &samples,
+        &cfg,
+        &grads,
+        Some(&["model.norm", "layers.1.mlp.down"]),
+    );
+    assert!(
+        worst.is_some(),
+        "a dropped mask must fail the gradient check"
+    );
 }
 
 fn flat(t: &Tensor) -> Vec<f64> {
-    t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap()
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
 }
 
 #[test]
@@ -250,21 +293,42 @@ fn packed_trees_give_the_unpacked_loss_and_gradients() {
     for round in 0..3 {
         let mut samples = tree_samples(&mut rng, tiny.vocab.tokens.len(), 3, 5);
         off_policy(&mut rng, &p, &mut samples);
-        let mut cfg = full_loss_config([LossAgg::TokenMean, LossAgg::SeqMeanTokenSum, LossAgg::SeqMeanTokenMean][round]);
+        let mut cfg = full_loss_config(
+            [
+                LossAgg::TokenMean,
+                LossAgg::SeqMeanTokenSum,
+                LossAgg::SeqMeanTokenMean,
+            ][round],
+        );
         cfg.micro_batch_tokens = 1 << 20;
         let packed = loss_and_gradients(&p, &samples, &cfg, true).unwrap();
         cfg.packed = false;
         let unpacked = loss_and_gradients(&p, &samples, &cfg, true).unwrap();
         let (a, b) = (&packed.loss, &unpacked.loss);
-        assert!((a.loss - b.loss).abs() <= 1e-5 * b.loss.abs().max(1e-3), "{a:?} vs {b:?}");
+        assert!(
+            (a.loss - b.loss).abs() <= 1e-5 * b.loss.abs().max(1e-3),
+            "{a:?} vs {b:?}"
+        );
         assert_eq!((a.tokens, a.clip_fraction), (b.tokens, b.clip_fraction));
         assert!(packed.forwarded.packed < unpacked.forwarded.packed);
         assert_eq!(unpacked.forwarded.packed, unpacked.forwarded.unpacked);
-        for (((name, _), ga), gb) in p.named().iter().zip(packed.grads.unwrap()).zip(unpacked.grads.unwrap()) {
+        for (((name, _), ga), gb) in p
+            .named()
+            .iter()
+            .zip(packed.grads.unwrap())
+            .zip(unpacked.grads.unwrap())
+        {
             let (ga, gb) = (flat(&ga), flat(&gb));
             let scale = gb.iter().map(|x| x.abs()).fold(0.0, f64::max).max(1e-12);
-            let err = ga.iter().zip(&gb).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
-            assert!(err <= 1e-5 * scale, "{name}: max |Δ| {err} at scale {scale}");
+            let err = ga
+                .iter()
+                .zip(&gb)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                err <= 1e-5 * scale,
+                "{name}: max |Δ| {err} at scale {scale}"
+            );
         }
         eprintln!(
             "round {round}: {} rows packed vs {} unpacked",
@@ -283,7 +347,10 @@ fn sgd_moves_every_weight_by_exactly_minus_lr_times_its_gradient() {
         max_grad_norm: 0.0,
         ..full_loss_config(LossAgg::TokenMean)
     };
-    let grads = loss_and_gradients(&p, &samples, &cfg, true).unwrap().grads.unwrap();
+    let grads = loss_and_gradients(&p, &samples, &cfg, true)
+        .unwrap()
+        .grads
+        .unwrap();
     let before: Vec<Vec<f64>> = p.named().iter().map(|(_, v)| flat(v.as_tensor())).collect();
     let lr = 0.125; // a power of two: lr·g is exact in f32
     let mut opt = Optimizer::new(OptimizerConfig {

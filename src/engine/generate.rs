@@ -1,6 +1,8 @@
 //! Generation of one sequence over a dense KV store: what `treegrpo generate` runs.
 
-use crate::model::{BatchSeq, DenseKvStore, ForwardBatch, LogitsWanted, Model, ModelError, TokenId};
+use crate::model::{
+    BatchSeq, DenseKvStore, ForwardBatch, LogitsWanted, Model, ModelError, TokenId,
+};
 
 use super::error::EngineError;
 

@@ -42,8 +42,8 @@ use super::error::KvError;
 use super::ids::{BlockId, PinId, SeqId};
 use super::pool::BlockPool;
 use super::prefix::{chain_hash, BlockHash, ROOT_HASH};
-use super::storage::{KvConfig, KvStorage};
 use super::segment::{Segment, SegmentId, Segments};
+use super::storage::{KvConfig, KvStorage};
 use super::table::blocks_for;
 use crate::model::{ModelConfig, TokenId};
 

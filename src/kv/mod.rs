@@ -52,6 +52,6 @@ pub use cache::{KvCache, KvStats};
 pub use error::KvError;
 pub use ids::{BlockId, PinId, SeqId};
 pub use pool::BlockPool;
-pub use storage::{KvConfig, KvStorage, DEFAULT_BLOCK_SIZE};
 pub use prefix::{BlockHash, PrefixIndex};
+pub use storage::{KvConfig, KvStorage, DEFAULT_BLOCK_SIZE};
 pub use table::{blocks_for, BlockTable};

@@ -87,9 +87,10 @@ impl Linear {
                 }
                 Ok(out)
             }
-            LinearWeight::Candle(QMatMul::QTensor(q)) => {
-                Ok(q.dequantize(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?)
-            }
+            LinearWeight::Candle(QMatMul::QTensor(q)) => Ok(q
+                .dequantize(&Device::Cpu)?
+                .flatten_all()?
+                .to_vec1::<f32>()?),
             LinearWeight::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t))
             | LinearWeight::Dense(t) => Ok(t
                 .to_dtype(candle_core::DType::F32)?

@@ -28,6 +28,7 @@ pub mod sampler;
 pub mod select;
 pub mod trajectory;
 
+pub use config::{TreeConfig, TreeShape};
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;
 pub use forest::{Node, Tree};
@@ -36,7 +37,6 @@ pub use run::{
     run_rollout, ForestSummary, Interrupt, Progress, ProgressFn, RolloutRequest, RolloutResult,
     RunHooks, RunOptions, RunSummary, TokenSummary,
 };
-pub use config::{TreeConfig, TreeShape};
 pub use sampler::{FailedBranch, ForestCost};
 pub use select::Selection;
 pub use trajectory::Trajectory;

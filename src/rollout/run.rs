@@ -21,11 +21,11 @@ use crate::env::{Environment, QaSample};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
+use super::config::TreeConfig;
 use super::error::RolloutError;
 use super::export::{score_forest, TrajectoryRecord};
 use super::forest::Tree;
 use super::output::Output;
-use super::config::TreeConfig;
 use super::sampler::{sample_prompt_forest, FailedBranch, Forest, ForestCost, SamplerContext};
 
 /// A new prompt starts only while at least 1/this of the KV pool is free or

@@ -134,7 +134,9 @@ pub async fn sample_prompt_forest(
     let t0 = Instant::now();
     let cfg = &ctx.config;
     let uid = sample.id.to_string();
-    let mut trees: Vec<Tree> = (0..cfg.shape.trees).map(|t| Tree::new(uid.clone(), t)).collect();
+    let mut trees: Vec<Tree> = (0..cfg.shape.trees)
+        .map(|t| Tree::new(uid.clone(), t))
+        .collect();
     let mut cost = ForestCost::default();
     let empty = |cost, failed, t0: Instant| Forest {
         trees: Vec::new(),
@@ -198,7 +200,12 @@ pub async fn sample_prompt_forest(
                         round as u64,
                         SELECT_SALT,
                     ]);
-                    select_nodes(cfg.shape.selection, &trees[t].inner_steps(), cfg.shape.expand, &mut rng)
+                    select_nodes(
+                        cfg.shape.selection,
+                        &trees[t].inner_steps(),
+                        cfg.shape.expand,
+                        &mut rng,
+                    )
                 };
                 for start in starts {
                     // Branch ids are drawn even for skipped branches, so a budget never

@@ -114,21 +114,23 @@ impl TreeAttention {
     fn forward<T: Float + Send + Sync>(&self, q: &[T], k: &[T], v: &[T]) -> Vec<T> {
         let d = self.head_dim;
         let mut out = vec![T::zero(); q.len()];
-        out.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |p, (idx, o)| {
-            let (i, h) = (idx / self.heads, idx % self.heads);
-            let g = h / self.group();
-            self.probabilities(q, k, i, h, p);
-            let mut at = 0;
-            for r in self.layout.runs(i) {
-                for j in r.start as usize..r.end as usize {
-                    let v_j = &v[(j * self.kv_heads + g) * d..][..d];
-                    for (o, &x) in o.iter_mut().zip(v_j) {
-                        *o = *o + p[at] * x;
+        out.par_chunks_mut(d)
+            .enumerate()
+            .for_each_init(Vec::new, |p, (idx, o)| {
+                let (i, h) = (idx / self.heads, idx % self.heads);
+                let g = h / self.group();
+                self.probabilities(q, k, i, h, p);
+                let mut at = 0;
+                for r in self.layout.runs(i) {
+                    for j in r.start as usize..r.end as usize {
+                        let v_j = &v[(j * self.kv_heads + g) * d..][..d];
+                        for (o, &x) in o.iter_mut().zip(v_j) {
+                            *o = *o + p[at] * x;
+                        }
+                        at += 1;
                     }
-                    at += 1;
                 }
-            }
-        });
+            });
         out
     }
 

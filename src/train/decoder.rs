@@ -95,7 +95,10 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> candle_core
         }
         RopeStyle::Interleaved => {
             let pairs = x.reshape((rows, heads, half, 2))?;
-            let (c, s) = (cos.unsqueeze(1)?.unsqueeze(3)?, sin.unsqueeze(1)?.unsqueeze(3)?);
+            let (c, s) = (
+                cos.unsqueeze(1)?.unsqueeze(3)?,
+                sin.unsqueeze(1)?.unsqueeze(3)?,
+            );
             let a = pairs.narrow(3, 0, 1)?;
             let b = pairs.narrow(3, 1, 1)?;
             let ra = (a.broadcast_mul(&c)? - b.broadcast_mul(&s)?)?;
@@ -118,11 +121,7 @@ fn score(
     let log_probs = z.broadcast_sub(&lse)?;
     let logp = log_probs.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?;
     let entropy = if want_entropy {
-        Some(
-            (log_probs.exp()? * &log_probs)?
-                .sum(D::Minus1)?
-                .neg()?,
-        )
+        Some((log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()?)
     } else {
         None
     };

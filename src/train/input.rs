@@ -65,12 +65,18 @@ pub fn read_trajectories(path: &Path, model: &ModelConfig) -> Result<TrainingDat
         if line.response_mask.len() != r {
             return Err(bad(
                 n,
-                format!("{r} response ids but {} mask values", line.response_mask.len()),
+                format!(
+                    "{r} response ids but {} mask values",
+                    line.response_mask.len()
+                ),
             ));
         }
         if let Some(lp) = &line.response_logprobs {
             if lp.len() != r {
-                return Err(bad(n, format!("{r} response ids but {} logprobs", lp.len())));
+                return Err(bad(
+                    n,
+                    format!("{r} response ids but {} logprobs", lp.len()),
+                ));
             }
             if let Some(j) = lp.iter().position(|x| !x.is_finite()) {
                 return Err(bad(n, format!("response logprob {j} is not finite")));
@@ -90,7 +96,10 @@ pub fn read_trajectories(path: &Path, model: &ModelConfig) -> Result<TrainingDat
         {
             return Err(bad(
                 n,
-                format!("token id {t} is outside the model's vocabulary of {}", model.vocab_size),
+                format!(
+                    "token id {t} is outside the model's vocabulary of {}",
+                    model.vocab_size
+                ),
             ));
         }
         let len = line.prompt_ids.len() + r;

@@ -181,7 +181,12 @@ pub fn aggregation_weights(rows: &[LossRow], agg: LossAgg) -> Vec<f64> {
 
 /// The loss of all of an update's `rows` given the current `logp` and `entropy` of the
 /// unique scored tokens they read, and its gradient with respect to both.
-pub fn policy_loss(rows: &[LossRow], logp: &[f64], entropy: &[f64], cfg: &LossConfig) -> LossOutput {
+pub fn policy_loss(
+    rows: &[LossRow],
+    logp: &[f64],
+    entropy: &[f64],
+    cfg: &LossConfig,
+) -> LossOutput {
     let w = aggregation_weights(rows, cfg.agg);
     policy_loss_weighted(rows, &w, logp, entropy, cfg)
 }
@@ -242,8 +247,9 @@ impl LossOutput {
     /// different unique tokens).
     pub fn merge(&mut self, other: &LossOutput) {
         let n = (self.tokens + other.tokens).max(1) as f64;
-        self.clip_fraction =
-            (self.clip_fraction * self.tokens as f64 + other.clip_fraction * other.tokens as f64) / n;
+        self.clip_fraction = (self.clip_fraction * self.tokens as f64
+            + other.clip_fraction * other.tokens as f64)
+            / n;
         self.tis_mean =
             (self.tis_mean * self.tokens as f64 + other.tis_mean * other.tokens as f64) / n;
         self.tokens += other.tokens;

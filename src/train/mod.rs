@@ -32,4 +32,6 @@ pub use layout::TreeLayout;
 pub use loss::{policy_loss, LossAgg, LossConfig, LossOutput, LossRow};
 pub use optim::{Optimizer, OptimizerConfig, OptimizerKind};
 pub use params::Params;
-pub use update::{loss_and_gradients, update, Evaluated, Forwarded, TrainSample, UpdateConfig, UpdateMetrics};
+pub use update::{
+    loss_and_gradients, update, Evaluated, Forwarded, TrainSample, UpdateConfig, UpdateMetrics,
+};
