@@ -5,6 +5,7 @@ mod data;
 mod generate;
 mod model;
 mod rollout;
+mod update;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +34,8 @@ enum Command {
     View(view::ViewArgs),
     /// Tokens and time per rollout: chain vs trees vs recompute, same prompts and seed.
     Bench(bench::BenchArgs),
+    /// One policy-gradient update (verl's clipped loss) on exported trajectories.
+    Update(update::UpdateArgs),
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -44,6 +47,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Rollout(a) => rollout::run(a),
         Command::View(a) => view::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Update(a) => update::run(a),
     }
 }
 

@@ -28,6 +28,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// The Jinja source, kept so a checkpoint can write it back out.
+    source: String,
 }
 
 const TEMPLATE_NAME: &str = "chat";
@@ -46,7 +48,17 @@ impl ChatTemplate {
         );
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| ModelError::Template(e.to_string()))?;
-        Ok(ChatTemplate { env, bos, eos })
+        Ok(ChatTemplate {
+            env,
+            bos,
+            eos,
+            source: source.to_string(),
+        })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders the conversation; with `add_generation_prompt` the text ends where the

@@ -11,11 +11,14 @@
 //! - [`pack`]: trajectories as a trie of token prefixes (packed) or one chain each.
 //! - [`optim`]: SGD, AdamW, grad-norm clipping, warm-up.
 //! - [`input`]: `trajectories.jsonl` read and checked, errors naming file and line.
+//! - [`checkpoint`]: HF-layout checkpoints (Q/K un-permuted), optimiser state
+//!   beside them, swapped in whole.
 //! - [`update`]: one update — micro-batches, accumulated gradients, one step, metrics.
 //!
 //! Only `model`, `engine` and `train` touch tensors.
 
 pub mod attention;
+pub mod checkpoint;
 pub mod decoder;
 pub mod error;
 pub mod input;
@@ -26,6 +29,7 @@ pub mod pack;
 pub mod params;
 pub mod update;
 
+pub use checkpoint::{load_optimizer, save_checkpoint, CheckpointExtras};
 pub use decoder::{PackedBatch, Scored};
 pub use error::TrainError;
 pub use layout::TreeLayout;

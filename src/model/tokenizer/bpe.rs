@@ -18,6 +18,8 @@ pub struct BpeTokenizer {
     ids: HashMap<String, TokenId>,
     /// `(left, right) -> (rank, merged)`.
     merges: HashMap<(TokenId, TokenId), (u32, TokenId)>,
+    /// The merges as given (`"left right"`, rank order), for export.
+    merge_list: Vec<String>,
     /// Special tokens, longest first, matched literally before pre-tokenisation.
     specials: Vec<(String, TokenId)>,
     pre: PreTokenizer,
@@ -61,6 +63,7 @@ impl BpeTokenizer {
             tokens,
             ids,
             merges: merge_map,
+            merge_list: merges.to_vec(),
             specials,
             pre,
             cache: Mutex::new(HashMap::new()),
@@ -69,6 +72,25 @@ impl BpeTokenizer {
 
     pub fn vocab_size(&self) -> usize {
         self.tokens.len()
+    }
+
+    /// Every token's text by id (byte-level alphabet for ordinary tokens).
+    pub fn tokens(&self) -> &[String] {
+        &self.tokens
+    }
+
+    /// The merges, `"left right"` in rank order.
+    pub fn merge_list(&self) -> &[String] {
+        &self.merge_list
+    }
+
+    /// Special tokens (matched literally before pre-tokenisation).
+    pub fn specials(&self) -> impl Iterator<Item = (&str, TokenId)> {
+        self.specials.iter().map(|(t, id)| (t.as_str(), *id))
+    }
+
+    pub fn pre_tokenizer(&self) -> &PreTokenizer {
+        &self.pre
     }
 
     pub fn token_id(&self, text: &str) -> Option<TokenId> {

@@ -6,6 +6,7 @@
 
 pub mod bpe;
 pub mod byte_level;
+mod export;
 pub mod pretokenize;
 
 use std::path::Path;

@@ -13,6 +13,8 @@ const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{
 /// A named splitting scheme.
 #[derive(Debug)]
 pub struct PreTokenizer {
+    /// The `tokenizer.ggml.pre` name it was made from.
+    name: String,
     /// Split every numeric character into its own piece first (SmolLM, StarCoder).
     isolate_digits: bool,
     /// Apply NFC before splitting (Qwen2).
@@ -32,10 +34,31 @@ impl PreTokenizer {
         };
         let regex = Regex::new(pattern).ok()?;
         Some(PreTokenizer {
+            name: name.to_string(),
             isolate_digits,
             nfc,
             regex,
         })
+    }
+
+    /// The `tokenizer.ggml.pre` name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The regex the pieces are matched with (after the digit split and NFC).
+    pub fn pattern(&self) -> &str {
+        self.regex.as_str()
+    }
+
+    /// Whether digits are split one by one first.
+    pub fn isolates_digits(&self) -> bool {
+        self.isolate_digits
+    }
+
+    /// Whether text is NFC-normalised first.
+    pub fn normalizes_nfc(&self) -> bool {
+        self.nfc
     }
 
     /// The names [`Self::from_gguf_name`] accepts, for error messages.
