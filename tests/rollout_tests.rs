@@ -418,3 +418,37 @@ fn a_branch_longer_than_the_pool_fails_alone_and_the_run_goes_on() {
         );
     }
 }
+
+/// The update's packing on a real (2,2,1) forest of the default model: the trie has
+/// exactly one row per distinct token prefix of the trajectories (counted here from
+/// scratch), and the forwarded-token ratio is printed.
+#[test]
+fn a_real_forest_packs_into_one_row_per_distinct_prefix() {
+    let (_, free) = unconstrained();
+    let seqs: Vec<(Vec<u32>, Vec<bool>)> = free
+        .records
+        .iter()
+        .map(|r| {
+            let mut t = r.trajectory.prompt_ids.clone();
+            t.extend(&r.trajectory.response_ids);
+            let wanted = vec![true; t.len()];
+            (t, wanted)
+        })
+        .collect();
+    let inputs: Vec<(&[u32], &[bool])> =
+        seqs.iter().map(|(t, w)| (t.as_slice(), w.as_slice())).collect();
+    let packed = treegrpo::train::pack::pack(&inputs, true, usize::MAX);
+    let rows: usize = packed.iter().map(|p| p.batch.tokens.len()).sum();
+    let distinct: std::collections::HashSet<&[u32]> = seqs
+        .iter()
+        .flat_map(|(t, _)| (1..=t.len()).map(move |n| &t[..n]))
+        .collect();
+    let unpacked: usize = seqs.iter().map(|(t, _)| t.len()).sum();
+    eprintln!(
+        "(2,2,1) forest of {} trajectories: {rows} rows packed, {unpacked} unpacked ({:.2}x fewer)",
+        seqs.len(),
+        unpacked as f64 / rows as f64
+    );
+    assert_eq!(rows, distinct.len());
+    assert!(rows < unpacked);
+}
