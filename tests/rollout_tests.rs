@@ -435,8 +435,10 @@ fn a_real_forest_packs_into_one_row_per_distinct_prefix() {
             (t, wanted)
         })
         .collect();
-    let inputs: Vec<(&[u32], &[bool])> =
-        seqs.iter().map(|(t, w)| (t.as_slice(), w.as_slice())).collect();
+    let inputs: Vec<(&[u32], &[bool])> = seqs
+        .iter()
+        .map(|(t, w)| (t.as_slice(), w.as_slice()))
+        .collect();
     let packed = treegrpo::train::pack::pack(&inputs, true, usize::MAX);
     let rows: usize = packed.iter().map(|p| p.batch.tokens.len()).sum();
     let distinct: std::collections::HashSet<&[u32]> = seqs

@@ -225,3 +225,56 @@ fn the_decoder_gives_the_engines_logprobs_on_chains_and_packed_trees() {
         }
     }
 }
+
+#[test]
+fn fused_target_scoring_and_its_backward_equal_the_composed_log_softmax() {
+    use treegrpo::train::scoring::target_logprob_and_entropy;
+    let mut rng = Rng::new(4);
+    let (m, vocab, t) = (7, 37, 0.7);
+    let logits = random_var(&mut rng, &[m, vocab]);
+    let targets: Vec<u32> = (0..m).map(|_| rng.below(vocab) as u32).collect();
+    let probe = random_var(&mut rng, &[m, 2]).as_tensor().detach();
+    let fused = target_logprob_and_entropy(logits.as_tensor(), &targets, t).unwrap();
+    // Composed from candle ops that have a backward.
+    let z = (logits.as_tensor() / t).unwrap();
+    let max = z.max_keepdim(D::Minus1).unwrap().detach();
+    let zs = z.broadcast_sub(&max).unwrap();
+    let lse = zs
+        .exp()
+        .unwrap()
+        .sum_keepdim(D::Minus1)
+        .unwrap()
+        .log()
+        .unwrap();
+    let log_p = zs.broadcast_sub(&lse).unwrap();
+    let ids = Tensor::new(targets.as_slice(), &Device::Cpu)
+        .unwrap()
+        .unsqueeze(1)
+        .unwrap();
+    let logp = log_p.gather(&ids, 1).unwrap();
+    let h = (log_p.exp().unwrap() * &log_p)
+        .unwrap()
+        .sum_keepdim(D::Minus1)
+        .unwrap()
+        .neg()
+        .unwrap();
+    let composed = Tensor::cat(&[logp, h], 1).unwrap();
+    assert!(max_rel(&fused, &composed) < 1e-12);
+    let ga = (fused * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let gb = (composed * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let err = max_rel(
+        ga.get(logits.as_tensor()).unwrap(),
+        gb.get(logits.as_tensor()).unwrap(),
+    );
+    assert!(err < 1e-12, "{err}");
+}

@@ -8,8 +8,8 @@ use candle_core::DType;
 use clap::Args;
 use treegrpo::train::input::read_trajectories;
 use treegrpo::train::{
-    load_optimizer, save_checkpoint, update, CheckpointExtras, LossAgg, LossConfig, Optimizer,
-    OptimizerConfig, OptimizerKind, Params, UpdateConfig,
+    load_optimizer, save_checkpoint, update_with_progress, CheckpointExtras, LossAgg, LossConfig,
+    Optimizer, OptimizerConfig, OptimizerKind, Params, UpdateConfig,
 };
 
 #[derive(Debug, Args)]
@@ -125,7 +125,18 @@ pub fn run(a: UpdateArgs) -> anyhow::Result<()> {
         micro_batch_tokens: a.micro_batch_tokens,
         temperature: data.temperature,
     };
-    let metrics = update(&params, &mut optimizer, &data.samples, &cfg)?;
+    let t_update = Instant::now();
+    let metrics = update_with_progress(&params, &mut optimizer, &data.samples, &cfg, &mut |p| {
+        eprint!(
+            "\rmicro-batch {}/{}: {}/{} rows, {:.0} s",
+            p.micro_batches_done,
+            p.micro_batches,
+            p.rows_done,
+            p.rows,
+            t_update.elapsed().as_secs_f64()
+        );
+    })?;
+    eprintln!();
     save_checkpoint(
         &a.out,
         &params,

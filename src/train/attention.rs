@@ -68,6 +68,34 @@ pub fn tree_attention(
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
 }
 
+/// `a · b` with eight independent accumulators, so the compiler vectorises it (a
+/// single running sum is a dependency chain it must keep in order). Fixed order: the
+/// result depends on nothing but the inputs.
+#[inline]
+fn dot<T: Float>(a: &[T], b: &[T]) -> T {
+    let mut acc = [T::zero(); 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: T = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .fold(T::zero(), |s, (&x, &y)| x.mul_add(y, s));
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] = x[k].mul_add(y[k], acc[k]);
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `y += a · x`.
+#[inline]
+fn axpy<T: Float>(y: &mut [T], a: T, x: &[T]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = a.mul_add(x, *y);
+    }
+}
+
 fn contiguous<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [T]> {
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&s.as_slice::<T>()?[a..b]),
@@ -91,11 +119,7 @@ impl TreeAttention {
         for r in self.layout.runs(i) {
             for j in r.start as usize..r.end as usize {
                 let k_j = &k[(j * self.kv_heads + g) * d..][..d];
-                let dot = q_i
-                    .iter()
-                    .zip(k_j)
-                    .fold(T::zero(), |acc, (&a, &b)| acc + a * b);
-                let s = dot * scale;
+                let s = dot(q_i, k_j) * scale;
                 max = max.max(s);
                 p.push(s);
             }
@@ -159,25 +183,17 @@ impl TreeAttention {
                     self.probabilities(q, k, i, h, &mut p);
                     let at_q = (i * self.heads + h) * d;
                     let (q_i, o_i, do_i) = (&q[at_q..][..d], &out[at_q..][..d], &dout[at_q..][..d]);
-                    let big_d = do_i
-                        .iter()
-                        .zip(o_i)
-                        .fold(T::zero(), |acc, (&a, &b)| acc + a * b);
+                    let big_d = dot(do_i, o_i);
+                    let dq_i = &mut dq[i * d..][..d];
                     let mut at = 0;
                     for r in self.layout.runs(i) {
                         for j in r.start as usize..r.end as usize {
                             let at_kv = (j * self.kv_heads + g) * d;
                             let (k_j, v_j) = (&k[at_kv..][..d], &v[at_kv..][..d]);
-                            let dp = do_i
-                                .iter()
-                                .zip(v_j)
-                                .fold(T::zero(), |acc, (&a, &b)| acc + a * b);
-                            let ds = p[at] * (dp - big_d) * scale;
-                            for c in 0..d {
-                                dq[i * d + c] = dq[i * d + c] + ds * k_j[c];
-                                dk[j * d + c] = dk[j * d + c] + ds * q_i[c];
-                                dv[j * d + c] = dv[j * d + c] + p[at] * do_i[c];
-                            }
+                            let ds = p[at] * (dot(do_i, v_j) - big_d) * scale;
+                            axpy(dq_i, ds, k_j);
+                            axpy(&mut dk[j * d..][..d], ds, q_i);
+                            axpy(&mut dv[j * d..][..d], p[at], do_i);
                             at += 1;
                         }
                     }

@@ -4,8 +4,9 @@
 //! candle's fused `rms_norm`, `softmax_last_dim` and `rope*` kernels and `QMatMul`
 //! apply without a backward and would stop gradients silently, so each is composed
 //! here: RMSNorm from `sqr`/`mean`/`sqrt`/`recip`, RoPE from `narrow`/`mul`/`cat`
-//! with precomputed tables, the log-softmax from `max` (detached)/`exp`/`sum`/`log`,
-//! and attention is [`tree_attention`] with a backward of its own. A test checks
+//! with precomputed tables; attention ([`tree_attention`]) and the target's
+//! log-probability and entropy ([`target_logprob_and_entropy`]) are ops with
+//! backwards of their own that keep no `[rows, rows]` or `[rows, vocab]` intermediates. A test checks
 //! that every weight gets a gradient.
 //!
 //! Input is a packed batch ([`PackedBatch`]): token rows in a [`TreeLayout`] (a row
@@ -22,6 +23,7 @@ use super::attention::tree_attention;
 use super::error::TrainError;
 use super::layout::TreeLayout;
 use super::params::Params;
+use super::scoring::target_logprob_and_entropy;
 use crate::model::{RopeStyle, TokenId};
 
 /// Token rows laid out as a forest, and what to score.
@@ -108,26 +110,6 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> candle_core
     }
 }
 
-/// Log-probabilities of `targets` and (if asked) the entropy of each row of `logits`.
-fn score(
-    logits: &Tensor,
-    targets: &Tensor,
-    want_entropy: bool,
-) -> candle_core::Result<(Tensor, Option<Tensor>)> {
-    // The max is a constant shift: detached, it adds no term to the gradient.
-    let max = logits.max_keepdim(D::Minus1)?.detach();
-    let z = logits.broadcast_sub(&max)?;
-    let lse = z.exp()?.sum_keepdim(D::Minus1)?.log()?;
-    let log_probs = z.broadcast_sub(&lse)?;
-    let logp = log_probs.gather(&targets.unsqueeze(1)?, 1)?.squeeze(1)?;
-    let entropy = if want_entropy {
-        Some((log_probs.exp()? * &log_probs)?.sum(D::Minus1)?.neg()?)
-    } else {
-        None
-    };
-    Ok((logp, entropy))
-}
-
 impl Params {
     /// The forward over `batch`: log-probabilities of its targets under
     /// `logits / temperature`, and each scored row's entropy if `want_entropy`.
@@ -210,9 +192,14 @@ impl Params {
         // Only the scored rows pay for the vocabulary projection.
         let at = Tensor::from_slice(&batch.score_rows, batch.score_rows.len(), &dev)?;
         let hs = rms_norm(&x.index_select(&at, 0)?, &self.final_norm, c.rms_norm_eps)?;
-        let logits = (linear(&hs, self.head())? / temperature)?;
-        let targets = Tensor::from_slice(&batch.targets, batch.targets.len(), &dev)?;
-        let (logp, entropy) = score(&logits, &targets, want_entropy)?;
+        let logits = linear(&hs, self.head())?;
+        let scored = target_logprob_and_entropy(&logits, &batch.targets, temperature)?;
+        let logp = scored.narrow(1, 0, 1)?.squeeze(1)?;
+        let entropy = if want_entropy {
+            Some(scored.narrow(1, 1, 1)?.squeeze(1)?)
+        } else {
+            None
+        };
         Ok(Scored { logp, entropy })
     }
 }

@@ -6,6 +6,8 @@
 //! - [`attention`]: tree attention as a candle op with a backward of its own.
 //! - [`decoder`]: the differentiable forward, built only from ops with a backward:
 //!   log-probabilities and entropies of scored tokens.
+//! - [`scoring`]: the target's log-probability and the entropy of each row of logits,
+//!   one op with its own backward (no `[rows, vocab]` intermediates kept).
 //! - [`loss`]: verl's dual-clip PPO loss, k3 KL, entropy bonus, TIS weights and loss
 //!   aggregation, in plain Rust with its exact gradient.
 //! - [`pack`]: trajectories as a trie of token prefixes (packed) or one chain each.
@@ -27,6 +29,7 @@ pub mod loss;
 pub mod optim;
 pub mod pack;
 pub mod params;
+pub mod scoring;
 pub mod update;
 
 pub use checkpoint::{load_optimizer, save_checkpoint, CheckpointExtras};
@@ -37,5 +40,6 @@ pub use loss::{policy_loss, LossAgg, LossConfig, LossOutput, LossRow};
 pub use optim::{Optimizer, OptimizerConfig, OptimizerKind};
 pub use params::Params;
 pub use update::{
-    loss_and_gradients, update, Evaluated, Forwarded, TrainSample, UpdateConfig, UpdateMetrics,
+    loss_and_gradients, loss_and_gradients_with_progress, update, update_with_progress, Evaluated,
+    Forwarded, TrainSample, UpdateConfig, UpdateMetrics, UpdateProgress,
 };

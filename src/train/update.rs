@@ -124,12 +124,33 @@ pub struct Evaluated {
     pub micro_batches: usize,
 }
 
+/// Progress of an update: after each micro-batch, how many are done of how many, and
+/// the rows forwarded so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdateProgress {
+    pub micro_batches_done: usize,
+    pub micro_batches: usize,
+    pub rows_done: usize,
+    pub rows: usize,
+}
+
 /// The loss of `samples` and, with `want_grads`, its gradient for every weight.
 pub fn loss_and_gradients(
     params: &Params,
     samples: &[TrainSample],
     cfg: &UpdateConfig,
     want_grads: bool,
+) -> Result<Evaluated, TrainError> {
+    loss_and_gradients_with_progress(params, samples, cfg, want_grads, &mut |_| {})
+}
+
+/// [`loss_and_gradients`], reporting after each micro-batch.
+pub fn loss_and_gradients_with_progress(
+    params: &Params,
+    samples: &[TrainSample],
+    cfg: &UpdateConfig,
+    want_grads: bool,
+    progress: &mut dyn FnMut(UpdateProgress),
 ) -> Result<Evaluated, TrainError> {
     let dtype = params.dtype();
     // Every loss row of the update, in sample order, for the global weights.
@@ -162,11 +183,20 @@ pub fn loss_and_gradients(
     let mut grads: Option<Vec<Tensor>> = None;
     let mut total = LossOutput::empty();
     let mut row_at = 0;
-    for mb in &batches {
+    let mut rows_done = 0;
+    for (b, mb) in batches.iter().enumerate() {
+        rows_done += mb.batch.tokens.len();
+        let report = UpdateProgress {
+            micro_batches_done: b + 1,
+            micro_batches: batches.len(),
+            rows_done,
+            rows: forwarded.packed,
+        };
         let rows = micro_batch_rows(mb, samples, &all_rows, row_at);
         let w = &weights[row_at..row_at + rows.len()];
         row_at += rows.len();
         if mb.batch.targets.is_empty() {
+            progress(report);
             continue;
         }
         let scored = params.score(&mb.batch, cfg.temperature, true)?;
@@ -208,6 +238,7 @@ pub fn loss_and_gradients(
             }
         }
         total.merge(&out);
+        progress(report);
     }
     if want_grads && grads.is_none() {
         grads = Some(
@@ -259,13 +290,24 @@ pub fn update(
     samples: &[TrainSample],
     cfg: &UpdateConfig,
 ) -> Result<UpdateMetrics, TrainError> {
+    update_with_progress(params, optimizer, samples, cfg, &mut |_| {})
+}
+
+/// [`update`], reporting after each micro-batch.
+pub fn update_with_progress(
+    params: &Params,
+    optimizer: &mut Optimizer,
+    samples: &[TrainSample],
+    cfg: &UpdateConfig,
+    progress: &mut dyn FnMut(UpdateProgress),
+) -> Result<UpdateMetrics, TrainError> {
     let t0 = Instant::now();
     let Evaluated {
         loss: out,
         grads,
         forwarded,
         micro_batches,
-    } = loss_and_gradients(params, samples, cfg, true)?;
+    } = loss_and_gradients_with_progress(params, samples, cfg, true, progress)?;
     let mut grads = grads.expect("asked for gradients");
     for ((name, _), g) in params.named().iter().zip(&grads) {
         let s = g.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
