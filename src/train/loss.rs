@@ -203,15 +203,10 @@ pub fn policy_loss_weighted(
 ) -> LossOutput {
     assert_eq!(rows.len(), weights.len(), "one weight per loss row");
     let mut out = LossOutput {
-        loss: 0.0,
-        pg_loss: 0.0,
-        kl: 0.0,
-        entropy: 0.0,
-        clip_fraction: 0.0,
-        tis_mean: 0.0,
         tokens: rows.len(),
         grad_logp: vec![0.0; logp.len()],
         grad_entropy: vec![0.0; entropy.len()],
+        ..LossOutput::empty()
     };
     let mut clipped = 0usize;
     for (row, &w) in rows.iter().zip(weights) {
