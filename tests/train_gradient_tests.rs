@@ -368,3 +368,61 @@ fn sgd_moves_every_weight_by_exactly_minus_lr_times_its_gradient() {
         }
     }
 }
+
+#[test]
+fn clipping_scales_the_step_and_a_nan_gradient_changes_nothing() {
+    let tiny = TinyModel::small(Flavour::Llama, 4);
+    let p = params(&tiny, DType::F64);
+    let mut rng = Rng::new(3);
+    let samples = tree_samples(&mut rng, tiny.vocab.tokens.len(), 2, 3);
+    let cfg = full_loss_config(LossAgg::TokenMean);
+    let grads = loss_and_gradients(&p, &samples, &cfg, true)
+        .unwrap()
+        .grads
+        .unwrap();
+    let norm: f64 = grads
+        .iter()
+        .map(|g| flat(g).iter().map(|x| x * x).sum::<f64>())
+        .sum::<f64>()
+        .sqrt();
+    let before: Vec<Vec<f64>> = p.named().iter().map(|(_, v)| flat(v.as_tensor())).collect();
+    let lr = 0.5;
+    let sgd = OptimizerConfig {
+        kind: OptimizerKind::Sgd,
+        lr,
+        ..OptimizerConfig::default()
+    };
+    // Clipped to half its norm: every weight moves by -lr * g * max / (norm + 1e-6).
+    let clipped = UpdateConfig {
+        max_grad_norm: norm / 2.0,
+        ..cfg
+    };
+    let m = update(&p, &mut Optimizer::new(sgd), &samples, &clipped).unwrap();
+    assert!((m.grad_norm - norm).abs() <= 1e-12 * norm);
+    let coef = (norm / 2.0) / (norm + 1e-6);
+    for (((name, v), g), b) in p.named().iter().zip(&grads).zip(&before) {
+        for ((a, g), b) in flat(v.as_tensor()).iter().zip(flat(g)).zip(b) {
+            assert!(
+                (a - (b - lr * coef * g)).abs() <= 1e-12 * (1.0 + b.abs()),
+                "{name}"
+            );
+        }
+    }
+
+    // A NaN weight makes the gradient NaN: the update is refused and nothing moves.
+    let (name, var) = &p.named()[3];
+    let mut w = flat(var.as_tensor());
+    w[0] = f64::NAN;
+    var.set(&Tensor::from_vec(w, var.as_tensor().shape(), &candle_core::Device::Cpu).unwrap())
+        .unwrap();
+    let snapshot: Vec<Vec<f64>> = p.named().iter().map(|(_, v)| flat(v.as_tensor())).collect();
+    let err = update(&p, &mut Optimizer::new(sgd), &samples, &cfg).unwrap_err();
+    assert!(
+        matches!(err, treegrpo::train::TrainError::NonFiniteGradient { .. }),
+        "{err:?} ({name})"
+    );
+    for ((_, v), s) in p.named().iter().zip(&snapshot) {
+        let now = flat(v.as_tensor());
+        assert!(now.iter().zip(s).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}

@@ -70,23 +70,22 @@ pub struct Optimizer {
     pub moments: Vec<(Tensor, Tensor)>,
 }
 
-/// Global L2 norm of `grads`.
-pub fn grad_norm(grads: &[Tensor]) -> Result<f64, TrainError> {
-    let mut sum = 0f64;
-    for g in grads {
-        sum += g
-            .to_dtype(candle_core::DType::F64)?
-            .sqr()?
-            .sum_all()?
-            .to_scalar::<f64>()?;
-    }
-    Ok(sum.sqrt())
+/// Each gradient's squared L2 norm (summed in f64).
+pub fn squared_norms(grads: &[Tensor]) -> Result<Vec<f64>, TrainError> {
+    grads
+        .iter()
+        .map(|g| {
+            Ok(g.to_dtype(candle_core::DType::F64)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f64>()?)
+        })
+        .collect()
 }
 
-/// Scales `grads` so their global norm is at most `max_norm` (as PyTorch does);
-/// returns the norm before clipping. `max_norm <= 0` leaves them unchanged.
-pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64, TrainError> {
-    let norm = grad_norm(grads)?;
+/// Scales `grads` whose global norm is `norm` so it is at most `max_norm`, as PyTorch
+/// does (`max_norm <= 0` leaves them unchanged).
+pub fn clip_to(grads: &mut [Tensor], norm: f64, max_norm: f64) -> Result<(), TrainError> {
     if max_norm > 0.0 {
         let coef = max_norm / (norm + 1e-6);
         if coef < 1.0 {
@@ -95,6 +94,13 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64, TrainE
             }
         }
     }
+    Ok(())
+}
+
+/// Clips `grads` to a global norm of at most `max_norm`; returns the norm before.
+pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64, TrainError> {
+    let norm = squared_norms(grads)?.iter().sum::<f64>().sqrt();
+    clip_to(grads, norm, max_norm)?;
     Ok(norm)
 }
 

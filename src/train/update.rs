@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::error::TrainError;
 use super::loss::{aggregation_weights, policy_loss_weighted, LossConfig, LossOutput, LossRow};
-use super::optim::{clip_grad_norm, Optimizer};
+use super::optim::{clip_to, squared_norms, Optimizer};
 use super::pack::{pack, Packed};
 use super::params::Params;
 use crate::model::TokenId;
@@ -309,13 +309,15 @@ pub fn update_with_progress(
         micro_batches,
     } = loss_and_gradients_with_progress(params, samples, cfg, true, progress)?;
     let mut grads = grads.expect("asked for gradients");
-    for ((name, _), g) in params.named().iter().zip(&grads) {
-        let s = g.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
-        if !s.is_finite() {
-            return Err(TrainError::NonFiniteGradient { name: name.clone() });
-        }
+    // One pass over the gradients: a NaN or infinity anywhere makes its tensor's
+    // squared norm non-finite.
+    let squared = squared_norms(&grads)?;
+    if let Some(i) = squared.iter().position(|s| !s.is_finite()) {
+        let name = params.named()[i].0.clone();
+        return Err(TrainError::NonFiniteGradient { name });
     }
-    let grad_norm = clip_grad_norm(&mut grads, cfg.max_grad_norm)?;
+    let grad_norm = squared.iter().sum::<f64>().sqrt();
+    clip_to(&mut grads, grad_norm, cfg.max_grad_norm)?;
     let lr = optimizer.current_lr();
     optimizer.step(params, &grads)?;
     Ok(UpdateMetrics {
