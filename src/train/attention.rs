@@ -25,6 +25,25 @@ use rayon::prelude::*;
 
 use super::layout::TreeLayout;
 
+/// Query rows the backward handles together (see [`TreeAttention::backward_block`]).
+const QUERY_BLOCK: usize = 8;
+
+/// Scratch of one query block: each row's probabilities and `dO·O`.
+#[derive(Debug)]
+struct QueryBlock<T> {
+    p: Vec<Vec<T>>,
+    big_d: Vec<T>,
+}
+
+impl<T> Default for QueryBlock<T> {
+    fn default() -> Self {
+        QueryBlock {
+            p: Vec::new(),
+            big_d: Vec::new(),
+        }
+    }
+}
+
 /// The op; holds the layout so the backward sees the same mask.
 #[derive(Debug, Clone)]
 pub struct TreeAttention {
@@ -147,10 +166,7 @@ impl TreeAttention {
                 let mut at = 0;
                 for r in self.layout.runs(i) {
                     for j in r.start as usize..r.end as usize {
-                        let v_j = &v[(j * self.kv_heads + g) * d..][..d];
-                        for (o, &x) in o.iter_mut().zip(v_j) {
-                            *o = *o + p[at] * x;
-                        }
+                        axpy(o, p[at], &v[(j * self.kv_heads + g) * d..][..d]);
                         at += 1;
                     }
                 }
@@ -168,35 +184,32 @@ impl TreeAttention {
         dout: &[T],
     ) -> (Vec<T>, Vec<T>, Vec<T>) {
         let (d, rows) = (self.head_dim, self.layout.len());
-        let scale = T::from(1.0 / (d as f64).sqrt()).expect("a float");
         // One query head per task: its dq rows, and its share of its KV head's dk, dv
         // (summed over the group below, in head order).
         let per_head: Vec<(Vec<T>, Vec<T>, Vec<T>)> = (0..self.heads)
             .into_par_iter()
             .map(|h| {
-                let g = h / self.group();
                 let mut dq = vec![T::zero(); rows * d];
                 let mut dk = vec![T::zero(); rows * d];
                 let mut dv = vec![T::zero(); rows * d];
-                let mut p = Vec::new();
-                for i in 0..rows {
-                    self.probabilities(q, k, i, h, &mut p);
-                    let at_q = (i * self.heads + h) * d;
-                    let (q_i, o_i, do_i) = (&q[at_q..][..d], &out[at_q..][..d], &dout[at_q..][..d]);
-                    let big_d = dot(do_i, o_i);
-                    let dq_i = &mut dq[i * d..][..d];
-                    let mut at = 0;
-                    for r in self.layout.runs(i) {
-                        for j in r.start as usize..r.end as usize {
-                            let at_kv = (j * self.kv_heads + g) * d;
-                            let (k_j, v_j) = (&k[at_kv..][..d], &v[at_kv..][..d]);
-                            let ds = p[at] * (dot(do_i, v_j) - big_d) * scale;
-                            axpy(dq_i, ds, k_j);
-                            axpy(&mut dk[j * d..][..d], ds, q_i);
-                            axpy(&mut dv[j * d..][..d], p[at], do_i);
-                            at += 1;
-                        }
+                let mut block = QueryBlock::default();
+                let mut i = 0;
+                while i < rows {
+                    // A block of consecutive rows, each the child of the one before:
+                    // they attend to the same keys, except that row `i + t` stops
+                    // `b − 1 − t` keys short of the last row's. Each key is then loaded
+                    // once for the block instead of once per row.
+                    let mut b = 1;
+                    while b < QUERY_BLOCK
+                        && i + b < rows
+                        && self.layout.parent(i + b) == Some(i + b - 1)
+                    {
+                        b += 1;
                     }
+                    self.backward_block(
+                        q, k, v, out, dout, h, i, b, &mut block, &mut dq, &mut dk, &mut dv,
+                    );
+                    i += b;
                 }
                 (dq, dk, dv)
             })
@@ -216,6 +229,85 @@ impl TreeAttention {
             }
         }
         (dq, dk, dv)
+    }
+
+    /// The backward of query rows `i..i + b` of head `h` (a block as built in
+    /// [`Self::backward`]): their dq rows, and their contributions to dk and dv.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_block<T: Float>(
+        &self,
+        q: &[T],
+        k: &[T],
+        v: &[T],
+        out: &[T],
+        dout: &[T],
+        h: usize,
+        i: usize,
+        b: usize,
+        block: &mut QueryBlock<T>,
+        dq: &mut [T],
+        dk: &mut [T],
+        dv: &mut [T],
+    ) {
+        let d = self.head_dim;
+        let g = h / self.group();
+        let scale = T::from(1.0 / (d as f64).sqrt()).expect("a float");
+        let last = i + b - 1;
+        let keys: Vec<usize> = self
+            .layout
+            .runs(last)
+            .iter()
+            .flat_map(|r| r.start as usize..r.end as usize)
+            .collect();
+        // Row i + t sees keys[..n - (b - 1 - t)].
+        let n = keys.len();
+        let seen = |t: usize| n - (b - 1 - t);
+        let at = |t: usize| ((i + t) * self.heads + h) * d;
+        block.p.resize_with(b, Vec::new);
+        block.big_d.clear();
+        // Scores, one key at a time for the whole block, then each row's softmax.
+        for t in 0..b {
+            block.p[t].clear();
+        }
+        for (a, &j) in keys.iter().enumerate() {
+            let k_j = &k[(j * self.kv_heads + g) * d..][..d];
+            for t in 0..b {
+                if a < seen(t) {
+                    block.p[t].push(dot(&q[at(t)..][..d], k_j) * scale);
+                }
+            }
+        }
+        for t in 0..b {
+            let p = &mut block.p[t];
+            let max = p.iter().fold(T::neg_infinity(), |m, &x| m.max(x));
+            let mut sum = T::zero();
+            for x in p.iter_mut() {
+                *x = (*x - max).exp();
+                sum = sum + *x;
+            }
+            let inv = T::one() / sum;
+            for x in p.iter_mut() {
+                *x = *x * inv;
+            }
+            block
+                .big_d
+                .push(dot(&dout[at(t)..][..d], &out[at(t)..][..d]));
+        }
+        for (a, &j) in keys.iter().enumerate() {
+            let at_kv = (j * self.kv_heads + g) * d;
+            let (k_j, v_j) = (&k[at_kv..][..d], &v[at_kv..][..d]);
+            for t in 0..b {
+                if a >= seen(t) {
+                    continue;
+                }
+                let p = block.p[t][a];
+                let do_t = &dout[at(t)..][..d];
+                let ds = p * (dot(do_t, v_j) - block.big_d[t]) * scale;
+                axpy(&mut dq[(i + t) * d..][..d], ds, k_j);
+                axpy(&mut dk[j * d..][..d], ds, &q[at(t)..][..d]);
+                axpy(&mut dv[j * d..][..d], p, do_t);
+            }
+        }
     }
 
     fn grads<T: Float + WithDType + Send + Sync>(
