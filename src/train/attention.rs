@@ -13,6 +13,8 @@
 //! `p_ij = softmax_j(s q_i·k_j)` over the allowed `j`, `o_i = Σ_j p_ij v_j`.
 //! Backward, with `D_i = dO_i·o_i`: `dS_ij = p_ij (dO_i·v_j − D_i)`,
 //! `dq_i = s Σ_j dS_ij k_j`, `dk_j += s dS_ij q_i`, `dv_j += p_ij dO_i`.
+//! The backward takes up to eight consecutive rows of one trie edge at a time (they
+//! attend to the same keys but for the last few), so each key is read once per block.
 //! Each row's arithmetic is a fixed sequential loop, so results do not depend on the
 //! thread count. f32 and f64 (the finite-difference tests) are supported.
 
