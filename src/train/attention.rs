@@ -109,6 +109,20 @@ fn dot<T: Float>(a: &[T], b: &[T]) -> T {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
+/// Scores to probabilities, in place (shifted by the max, in order).
+fn softmax_in_place<T: Float>(p: &mut [T]) {
+    let max = p.iter().fold(T::neg_infinity(), |m, &x| m.max(x));
+    let mut sum = T::zero();
+    for x in p.iter_mut() {
+        *x = (*x - max).exp();
+        sum = sum + *x;
+    }
+    let inv = T::one() / sum;
+    for x in p.iter_mut() {
+        *x = *x * inv;
+    }
+}
+
 /// `y += a · x`.
 #[inline]
 fn axpy<T: Float>(y: &mut [T], a: T, x: &[T]) {
@@ -136,24 +150,12 @@ impl TreeAttention {
         let g = h / self.group();
         let q_i = &q[(i * self.heads + h) * d..][..d];
         p.clear();
-        let mut max = T::neg_infinity();
         for r in self.layout.runs(i) {
             for j in r.start as usize..r.end as usize {
-                let k_j = &k[(j * self.kv_heads + g) * d..][..d];
-                let s = dot(q_i, k_j) * scale;
-                max = max.max(s);
-                p.push(s);
+                p.push(dot(q_i, &k[(j * self.kv_heads + g) * d..][..d]) * scale);
             }
         }
-        let mut sum = T::zero();
-        for s in p.iter_mut() {
-            *s = (*s - max).exp();
-            sum = sum + *s;
-        }
-        let inv = T::one() / sum;
-        for s in p.iter_mut() {
-            *s = *s * inv;
-        }
+        softmax_in_place(p);
     }
 
     fn forward<T: Float + Send + Sync>(&self, q: &[T], k: &[T], v: &[T]) -> Vec<T> {
@@ -280,17 +282,7 @@ impl TreeAttention {
             }
         }
         for t in 0..b {
-            let p = &mut block.p[t];
-            let max = p.iter().fold(T::neg_infinity(), |m, &x| m.max(x));
-            let mut sum = T::zero();
-            for x in p.iter_mut() {
-                *x = (*x - max).exp();
-                sum = sum + *x;
-            }
-            let inv = T::one() / sum;
-            for x in p.iter_mut() {
-                *x = *x * inv;
-            }
+            softmax_in_place(&mut block.p[t]);
             block
                 .big_d
                 .push(dot(&dout[at(t)..][..d], &out[at(t)..][..d]));
