@@ -23,6 +23,15 @@ fn extras<'a>(m: &'a LoadedModel, opt: Option<&'a Optimizer>) -> CheckpointExtra
     }
 }
 
+/// `tiny` written as GGUF in `dir`, loaded, and its trainable parameters.
+fn load_tiny(dir: &std::path::Path, tiny: &TinyModel) -> (LoadedModel, Params) {
+    let gguf = dir.join("tiny.gguf");
+    tiny.write_gguf(&gguf);
+    let m = LoadedModel::load(&gguf).unwrap();
+    let p = Params::from_model(&m.model, DType::F32).unwrap();
+    (m, p)
+}
+
 const TOKENS: [u32; 9] = [5, 40, 41, 90, 42, 43, 120, 44, 45];
 
 fn max_diff(a: &[Vec<f32>], b: &[Vec<f32>]) -> f32 {
@@ -46,11 +55,7 @@ fn trainer_logp(p: &Params) -> Vec<f32> {
 fn a_checkpoint_reloads_with_the_same_logits_in_the_engine_and_the_trainer() {
     for flavour in [Flavour::Llama, Flavour::Qwen2] {
         let tmp = tempfile::tempdir().unwrap();
-        let tiny = TinyModel::new(flavour, 6);
-        let gguf = tmp.path().join("tiny.gguf");
-        tiny.write_gguf(&gguf);
-        let m = LoadedModel::load(&gguf).unwrap();
-        let p = Params::from_model(&m.model, DType::F32).unwrap();
+        let (m, p) = load_tiny(tmp.path(), &TinyModel::new(flavour, 6));
         let dir = tmp.path().join("ckpt");
         save_checkpoint(&dir, &p, extras(&m, None)).unwrap();
         let back = LoadedModel::load(&dir).unwrap();
@@ -74,11 +79,7 @@ fn a_checkpoint_reloads_with_the_same_logits_in_the_engine_and_the_trainer() {
 #[test]
 fn an_interrupted_save_leaves_the_previous_checkpoint_whole() {
     let tmp = tempfile::tempdir().unwrap();
-    let tiny = TinyModel::new(Flavour::Llama, 2);
-    let gguf = tmp.path().join("tiny.gguf");
-    tiny.write_gguf(&gguf);
-    let m = LoadedModel::load(&gguf).unwrap();
-    let p = Params::from_model(&m.model, DType::F32).unwrap();
+    let (m, p) = load_tiny(tmp.path(), &TinyModel::new(Flavour::Llama, 2));
     let dir = tmp.path().join("ckpt");
     save_checkpoint(&dir, &p, extras(&m, None)).unwrap();
     let before = logits_all(&LoadedModel::load(&dir).unwrap(), &TOKENS);
@@ -111,11 +112,7 @@ fn an_interrupted_save_leaves_the_previous_checkpoint_whole() {
 #[test]
 fn adamw_state_is_saved_and_restored() {
     let tmp = tempfile::tempdir().unwrap();
-    let tiny = TinyModel::small(Flavour::Qwen2, 3);
-    let gguf = tmp.path().join("tiny.gguf");
-    tiny.write_gguf(&gguf);
-    let m = LoadedModel::load(&gguf).unwrap();
-    let p = Params::from_model(&m.model, DType::F32).unwrap();
+    let (m, p) = load_tiny(tmp.path(), &TinyModel::small(Flavour::Qwen2, 3));
     let sample = TrainSample {
         tokens: TOKENS.to_vec(),
         prompt_len: 3,

@@ -30,9 +30,11 @@ use super::layout::TreeLayout;
 /// Query rows the backward handles together (see [`TreeAttention::backward_block`]).
 const QUERY_BLOCK: usize = 8;
 
-/// Scratch of one query block: each row's probabilities and `dO·O`.
+/// Scratch of one query block, reused block after block: the keys it attends to,
+/// each row's probabilities and `dO·O`.
 #[derive(Debug)]
 struct QueryBlock<T> {
+    keys: Vec<usize>,
     p: Vec<Vec<T>>,
     big_d: Vec<T>,
 }
@@ -40,6 +42,7 @@ struct QueryBlock<T> {
 impl<T> Default for QueryBlock<T> {
     fn default() -> Self {
         QueryBlock {
+            keys: Vec::new(),
             p: Vec::new(),
             big_d: Vec::new(),
         }
@@ -257,12 +260,14 @@ impl TreeAttention {
         let g = h / self.group();
         let scale = T::from(1.0 / (d as f64).sqrt()).expect("a float");
         let last = i + b - 1;
-        let keys: Vec<usize> = self
-            .layout
-            .runs(last)
-            .iter()
-            .flat_map(|r| r.start as usize..r.end as usize)
-            .collect();
+        block.keys.clear();
+        block.keys.extend(
+            self.layout
+                .runs(last)
+                .iter()
+                .flat_map(|r| r.start as usize..r.end as usize),
+        );
+        let keys = std::mem::take(&mut block.keys);
         // Row i + t sees keys[..n - (b - 1 - t)].
         let n = keys.len();
         let seen = |t: usize| n - (b - 1 - t);
@@ -302,6 +307,7 @@ impl TreeAttention {
                 axpy(&mut dv[j * d..][..d], p, do_t);
             }
         }
+        block.keys = keys;
     }
 
     fn grads<T: Float + WithDType + Send + Sync>(
