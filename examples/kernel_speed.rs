@@ -1,34 +1,80 @@
-//! Micro-benchmark of the quantised matmul kernel: ns per weight block at several batch
-//! sizes. `cargo run --release --example kernel_speed`
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+//! Micro-benchmark of our matmul kernels: every variant this CPU runs × weight format ×
+//! batch rows, on one thread, at the default model's MLP shape (1536 × 576).
+//! `cargo run --release --example kernel_speed`
 use std::time::Instant;
-use treegrpo::model::quant::QuantMatrix;
+
+use treegrpo::model::kernels::{Isa, PackedMatrix, WeightFormat};
 
 fn main() {
     let (out, inp) = (1536, 576);
     let w: Vec<f32> = (0..out * inp)
         .map(|i| ((i * 7919 % 1000) as f32) / 500.0 - 1.0)
         .collect();
-    let t = Tensor::from_vec(w, (out, inp), &Device::Cpu).unwrap();
-    for dtype in [GgmlDType::Q4_1, GgmlDType::Q8_0] {
-        let q = QTensor::quantize(&t, dtype).unwrap();
-        let m = QuantMatrix::from_qtensor(&q).unwrap().unwrap();
-        for rows in [1usize, 8, 32] {
-            let x: Vec<f32> = (0..rows * inp).map(|i| (i % 13) as f32 / 13.0).collect();
-            let iters = 2000 / rows.max(1) + 50;
-            let t0 = Instant::now();
-            for _ in 0..iters {
-                std::hint::black_box(m.matmul(&x, rows));
+    let bf: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
+    let q41 = ggml_q4_1(&w, out, inp);
+    let matrices = [
+        PackedMatrix::from_f32(out, inp, &w).unwrap(),
+        PackedMatrix::from_bf16(out, inp, &bf).unwrap(),
+        PackedMatrix::from_ggml(WeightFormat::Q4_1, out, inp, &q41).unwrap(),
+    ];
+    println!("| kernel | format | rows | µs / call | GFLOP/s | weight GB/s |");
+    println!("|---|---|---|---|---|---|");
+    for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
+        for m in &matrices {
+            for rows in [1usize, 8, 32, 64] {
+                let x: Vec<f32> = (0..rows * inp).map(|i| (i % 13) as f32 / 13.0).collect();
+                let iters = if isa == Isa::Scalar {
+                    3
+                } else {
+                    4000 / rows + 50
+                };
+                let run = || {
+                    let mut y = vec![0f32; rows * out];
+                    let sink = treegrpo::model::kernels::OutputSink::new(
+                        &mut y,
+                        out,
+                        out,
+                        treegrpo::model::kernels::Epilogue::Store,
+                    );
+                    m.gemm_panels_with(isa, &x, rows, 0..m.panels(), &sink);
+                    std::hint::black_box(y);
+                };
+                run();
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    run();
+                }
+                let secs = t0.elapsed().as_secs_f64() / iters as f64;
+                println!(
+                    "| {} | {:?} | {rows} | {:.1} | {:.1} | {:.1} |",
+                    isa.name(),
+                    m.format(),
+                    secs * 1e6,
+                    2.0 * (out * inp * rows) as f64 / secs / 1e9,
+                    m.stored_bytes() as f64 / secs / 1e9,
+                );
             }
-            let secs = t0.elapsed().as_secs_f64() / iters as f64;
-            let blocks = (out * inp / 32 * rows) as f64;
-            println!(
-                "{dtype:?} rows {rows:>2}: {:.1} us/call, {:.2} ns per block-row, {:.1} GMAC/s",
-                secs * 1e6,
-                secs * 1e9 / blocks,
-                blocks * 32.0 / secs / 1e9
-            );
         }
     }
+}
+
+/// ggml Q4_1 blocks of `w` (min/max per 32 weights), the layout GGUF files hold.
+fn ggml_q4_1(w: &[f32], out: usize, inp: usize) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for row in w.chunks_exact(inp).take(out) {
+        for blk in row.chunks_exact(32) {
+            let (lo, hi) = blk
+                .iter()
+                .fold((f32::MAX, f32::MIN), |(a, b), &v| (a.min(v), b.max(v)));
+            let d = (hi - lo) / 15.0;
+            let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
+            bytes.extend_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+            bytes.extend_from_slice(&half::f16::from_f32(lo).to_bits().to_le_bytes());
+            for j in 0..16 {
+                let q = |v: f32| (((v - lo) * inv).round() as u8).min(15);
+                bytes.push(q(blk[j]) | (q(blk[j + 16]) << 4));
+            }
+        }
+    }
+    bytes
 }

@@ -43,6 +43,9 @@ pub enum ModelError {
     Fetch(String),
     #[error("tensor op: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A weight matrix our kernels cannot hold as given.
+    #[error("weights: {0}")]
+    Pack(#[from] super::kernels::PackError),
 }
 
 impl ModelError {

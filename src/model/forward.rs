@@ -6,12 +6,23 @@
 //! weight matrix is applied once per step; attention then reads each sequence's own
 //! KV state through the [`KvStore`] the caller owns. Weights are immutable: one
 //! `Model` is shared (`Arc`) by every sequence and thread.
+//!
+//! Threads: each layer is two runs of the process's [`team`] (norm → Q/K/V → RoPE;
+//! then attention → O + residual → norm → gate/up → SwiGLU → down + residual), the
+//! members splitting rows, (token, head) pairs or weight panels and meeting at spin
+//! barriers; the KV writes happen on the calling thread between the runs. Every
+//! split leaves each output's arithmetic unchanged, so results do not depend on the
+//! thread count.
 
-use super::attention::{attend, AttentionShape, KvStore, SeqSpan};
+use std::sync::Mutex;
+
+use super::attention::{AttentionPlan, AttentionShape, KvStore, SeqSpan};
 use super::config::ModelConfig;
 use super::error::ModelError;
+use super::kernels::Epilogue;
 use super::linear::Linear;
-use super::ops::{rms_norm, swiglu, Rope};
+use super::ops::{rms_norm, rms_norm_into, swiglu, Rope};
+use super::team::{self, SharedBuf};
 use super::TokenId;
 
 /// Which positions of a sequence's new tokens need logits.
@@ -130,16 +141,59 @@ impl Model {
             head_dim: cfg.head_dim,
         };
 
+        let team = team::global();
+        let eps = cfg.rms_norm_eps;
+        // RoPE's sines and cosines depend on the position only: once per token.
+        let angles: Vec<Vec<(f32, f32)>> = positions.iter().map(|&p| self.rope.angles(p)).collect();
+        let ff = cfg.intermediate_size;
+        let mut h = vec![0f32; rows * hidden];
+        let mut q = vec![0f32; rows * q_dim];
+        let mut k = vec![0f32; rows * kv_dim];
+        let mut v = vec![0f32; rows * kv_dim];
+        let mut attn = vec![0f32; rows * q_dim];
+        let mut g = vec![0f32; rows * ff];
+        let mut u = vec![0f32; rows * ff];
+        let failure = Failure::default();
+
         for (l, layer) in self.layers.iter().enumerate() {
-            let mut h = x.clone();
-            rms_norm(&mut h, &layer.attn_norm, cfg.rms_norm_eps);
-            let mut q = layer.q.forward(&h, rows)?;
-            let mut k = layer.k.forward(&h, rows)?;
-            let v = layer.v.forward(&h, rows)?;
-            for (r, &pos) in positions.iter().enumerate() {
-                self.rope.apply(&mut q[r * q_dim..][..q_dim], pos);
-                self.rope.apply(&mut k[r * kv_dim..][..kv_dim], pos);
+            {
+                let (xs, hs) = (SharedBuf::new(&mut x), SharedBuf::new(&mut h));
+                let (qs, ks, vs) = (
+                    SharedBuf::new(&mut q),
+                    SharedBuf::new(&mut k),
+                    SharedBuf::new(&mut v),
+                );
+                team.run(|m| {
+                    let mine = m.share(rows);
+                    // SAFETY (every `get`/`get_mut` below): a member writes only its
+                    // own rows (`mine`) or, in a projection, its own columns, and
+                    // reads what others wrote only after the barrier that follows.
+                    unsafe {
+                        let span = mine.start * hidden..mine.end * hidden;
+                        rms_norm_into(
+                            xs.get(span.clone()),
+                            &layer.attn_norm,
+                            eps,
+                            hs.get_mut(span),
+                        );
+                    }
+                    m.barrier();
+                    let h_all = unsafe { hs.all() };
+                    failure.note(layer.q.forward_share(m, h_all, rows, &qs, Epilogue::Store));
+                    failure.note(layer.k.forward_share(m, h_all, rows, &ks, Epilogue::Store));
+                    failure.note(layer.v.forward_share(m, h_all, rows, &vs, Epilogue::Store));
+                    m.barrier();
+                    for r in mine {
+                        unsafe {
+                            self.rope
+                                .rotate(qs.get_mut(r * q_dim..(r + 1) * q_dim), &angles[r]);
+                            self.rope
+                                .rotate(ks.get_mut(r * kv_dim..(r + 1) * kv_dim), &angles[r]);
+                        }
+                    }
+                });
             }
+            failure.take()?;
             for span in &spans {
                 for i in 0..span.len {
                     let r = span.row + i;
@@ -152,17 +206,60 @@ impl Model {
                     )?;
                 }
             }
-            let attn = attend(&*kv, l, &spans, &q, shape);
-            let o = layer.o.forward(&attn, rows)?;
-            add_into(&mut x, &o);
-
-            let mut h = x.clone();
-            rms_norm(&mut h, &layer.ffn_norm, cfg.rms_norm_eps);
-            let mut g = layer.gate.forward(&h, rows)?;
-            let u = layer.up.forward(&h, rows)?;
-            swiglu(&mut g, &u);
-            let d = layer.down.forward(&g, rows)?;
-            add_into(&mut x, &d);
+            let plan = AttentionPlan::new(&*kv, l, &spans, shape);
+            attn.fill(0.0);
+            {
+                let (xs, hs) = (SharedBuf::new(&mut x), SharedBuf::new(&mut h));
+                let attn_s = SharedBuf::new(&mut attn);
+                let (gs, us) = (SharedBuf::new(&mut g), SharedBuf::new(&mut u));
+                let q = &q;
+                team.run(|m| {
+                    let hd = cfg.head_dim;
+                    // SAFETY: as in the first run: own items, rows or columns only,
+                    // others' results read after a barrier.
+                    for item in m.share(plan.items()) {
+                        plan.attend_item(q, item, unsafe {
+                            attn_s.get_mut(item * hd..(item + 1) * hd)
+                        });
+                    }
+                    m.barrier();
+                    let attn_all = unsafe { attn_s.all() };
+                    failure.note(layer.o.forward_share(
+                        m,
+                        attn_all,
+                        rows,
+                        &xs,
+                        Epilogue::Accumulate,
+                    ));
+                    m.barrier();
+                    let mine = m.share(rows);
+                    unsafe {
+                        let span = mine.start * hidden..mine.end * hidden;
+                        rms_norm_into(xs.get(span.clone()), &layer.ffn_norm, eps, hs.get_mut(span));
+                    }
+                    m.barrier();
+                    let h_all = unsafe { hs.all() };
+                    failure.note(
+                        layer
+                            .gate
+                            .forward_share(m, h_all, rows, &gs, Epilogue::Store),
+                    );
+                    failure.note(layer.up.forward_share(m, h_all, rows, &us, Epilogue::Store));
+                    m.barrier();
+                    let elems = m.share(rows * ff);
+                    unsafe { swiglu(gs.get_mut(elems.clone()), us.get(elems)) };
+                    m.barrier();
+                    let g_all = unsafe { gs.all() };
+                    failure.note(layer.down.forward_share(
+                        m,
+                        g_all,
+                        rows,
+                        &xs,
+                        Epilogue::Accumulate,
+                    ));
+                });
+            }
+            failure.take()?;
         }
 
         // Only the rows that asked for logits pay for the vocabulary projection.
@@ -190,9 +287,27 @@ impl Model {
         if owners.is_empty() {
             return Ok(out);
         }
-        rms_norm(&mut wanted, &self.final_norm, cfg.rms_norm_eps);
-        let logits = self.lm_head.forward(&wanted, owners.len())?;
+        let n = owners.len();
         let vocab = self.lm_head.out_features();
+        let mut logits = vec![0f32; n * vocab];
+        {
+            let (ws, ls) = (SharedBuf::new(&mut wanted), SharedBuf::new(&mut logits));
+            team.run(|m| {
+                let mine = m.share(n);
+                // SAFETY: own rows, then own columns; all rows read after the barrier.
+                unsafe {
+                    let span = mine.start * hidden..mine.end * hidden;
+                    rms_norm(ws.get_mut(span), &self.final_norm, eps);
+                }
+                m.barrier();
+                let w_all = unsafe { ws.all() };
+                failure.note(
+                    self.lm_head
+                        .forward_share(m, w_all, n, &ls, Epilogue::Store),
+                );
+            });
+        }
+        failure.take()?;
         for (row, s) in logits.chunks_exact(vocab).zip(owners) {
             out[s].rows.push(row.to_vec());
         }
@@ -200,8 +315,22 @@ impl Model {
     }
 }
 
-fn add_into(x: &mut [f32], y: &[f32]) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
+/// The first error any member of a run hit (only candle-kernel layers can fail).
+#[derive(Default)]
+struct Failure(Mutex<Option<ModelError>>);
+
+impl Failure {
+    fn note(&self, result: Result<(), ModelError>) {
+        if let Err(e) = result {
+            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(e);
+        }
+    }
+
+    fn take(&self) -> Result<(), ModelError> {
+        match self.0.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }

@@ -5,15 +5,15 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Content;
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{GgmlDType, QMatMul};
 
 use super::chat::ChatTemplate;
 use super::config::{Architecture, ModelConfig, RopeStyle};
 use super::error::ModelError;
 use super::forward::Model;
 use super::gguf_file::{read_content, read_tensor, Metadata};
+use super::kernels::{PackedMatrix, WeightFormat};
 use super::linear::Linear;
-use super::quant::QuantMatrix;
 use super::tokenizer::{gguf_tokenizer, Tokenizer};
 use super::weights::{build_model, Role, TensorSource};
 
@@ -151,9 +151,20 @@ impl TensorSource for GgufSource<'_> {
     fn linear(&mut self, name: &str) -> Result<Linear, ModelError> {
         let t = read_tensor(&mut self.file, self.content, name, &self.path)?;
         let (out, inp) = t.shape().dims2()?;
-        match QuantMatrix::from_qtensor(&t)? {
-            Some(q) => Ok(Linear::quant(q)),
-            None => Ok(Linear::candle(QMatMul::from_qtensor(t)?, out, inp)),
+        let format = match t.dtype() {
+            GgmlDType::Q4_0 => Some(WeightFormat::Q4_0),
+            GgmlDType::Q4_1 => Some(WeightFormat::Q4_1),
+            GgmlDType::Q8_0 => Some(WeightFormat::Q8_0),
+            _ => None,
+        };
+        match format {
+            Some(format) if inp.is_multiple_of(32) => Ok(Linear::packed(PackedMatrix::from_ggml(
+                format,
+                out,
+                inp,
+                &t.data()?,
+            )?)),
+            _ => Ok(Linear::candle(QMatMul::from_qtensor(t)?, out, inp)),
         }
     }
 

@@ -1,10 +1,14 @@
-//! A linear layer over quantised (GGUF) or dense (safetensors) weights.
+//! A linear layer over packed weights (our kernels) or candle's K-quant matrices.
+
+use std::ops::Range;
 
 use candle_core::quantized::QMatMul;
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
 
 use super::error::ModelError;
-use super::quant::QuantMatrix;
+use super::kernels::{Epilogue, PackedMatrix};
+use super::team::{Member, SharedBuf};
 
 /// `y = x · Wᵀ + b` for `x: [rows, in]`, `W: [out, in]`, on plain f32 slices.
 #[derive(Debug)]
@@ -17,21 +21,19 @@ pub struct Linear {
 
 #[derive(Debug)]
 enum LinearWeight {
-    /// Q4_0 / Q4_1 / Q8_0 through our batched, batch-invariant kernel.
-    Quant(QuantMatrix),
+    /// f32 / bf16 / f16 / Q4_0 / Q4_1 / Q8_0 through our batch-invariant kernels.
+    Packed(PackedMatrix),
     /// Other quantised formats (K-quants) through candle's kernel, which is also
     /// row-independent (it quantises and multiplies each row on its own).
     Candle(QMatMul),
-    /// Dense f32 `[out, in]`.
-    Dense(Tensor),
 }
 
 impl Linear {
-    pub fn quant(weight: QuantMatrix) -> Self {
+    pub fn packed(weight: PackedMatrix) -> Self {
         Linear {
             in_features: weight.in_features(),
             out_features: weight.out_features(),
-            weight: LinearWeight::Quant(weight),
+            weight: LinearWeight::Packed(weight),
             bias: None,
         }
     }
@@ -46,15 +48,17 @@ impl Linear {
         }
     }
 
-    /// Wraps a dense f32 `[out, in]` matrix.
-    pub fn dense(weight: Tensor) -> Result<Self, ModelError> {
-        let (out_features, in_features) = weight.dims2()?;
-        Ok(Linear {
-            weight: LinearWeight::Dense(weight),
-            bias: None,
-            in_features,
-            out_features,
-        })
+    /// Packs a dense `[out, in]` tensor, keeping bf16 and f16 as they are (half the
+    /// memory a step reads) and widening any other dtype to f32.
+    pub fn dense(weight: &Tensor) -> Result<Self, ModelError> {
+        let (out, inp) = weight.dims2()?;
+        let flat = weight.flatten_all()?;
+        let packed = match weight.dtype() {
+            DType::BF16 => PackedMatrix::from_bf16(out, inp, &flat.to_vec1::<bf16>()?),
+            DType::F16 => PackedMatrix::from_f16(out, inp, &flat.to_vec1::<f16>()?),
+            _ => PackedMatrix::from_f32(out, inp, &flat.to_dtype(DType::F32)?.to_vec1::<f32>()?),
+        }?;
+        Ok(Linear::packed(packed))
     }
 
     /// Adds a bias of `out_features` values.
@@ -76,41 +80,36 @@ impl Linear {
         self.bias.as_deref()
     }
 
+    /// The packed weights, unless the layer runs on candle's kernel.
+    pub fn packed_weights(&self) -> Option<&PackedMatrix> {
+        match &self.weight {
+            LinearWeight::Packed(m) => Some(m),
+            LinearWeight::Candle(_) => None,
+        }
+    }
+
     /// The weight as dense f32 `[out, in]`, row-major, dequantised with ggml's own
-    /// formulas where the file is quantised: what the trainer starts from.
+    /// formulas where the file is quantised: what the trainer starts from, and exactly
+    /// the values the kernels multiply by.
     pub fn dense_weight(&self) -> Result<Vec<f32>, ModelError> {
         match &self.weight {
-            LinearWeight::Quant(w) => {
-                let mut out = vec![0f32; self.out_features * self.in_features];
-                for (o, row) in out.chunks_exact_mut(self.in_features).enumerate() {
-                    w.dequantize_row(o, row);
-                }
-                Ok(out)
-            }
+            LinearWeight::Packed(w) => Ok(w.to_dense()),
             LinearWeight::Candle(QMatMul::QTensor(q)) => Ok(q
                 .dequantize(&Device::Cpu)?
                 .flatten_all()?
                 .to_vec1::<f32>()?),
-            LinearWeight::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t))
-            | LinearWeight::Dense(t) => Ok(t
-                .to_dtype(candle_core::DType::F32)?
-                .flatten_all()?
-                .to_vec1::<f32>()?),
+            LinearWeight::Candle(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => {
+                Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+            }
         }
     }
 
-    /// Applies the layer to `rows` rows of `x`, returning `[rows, out]`.
+    /// Applies the layer to `rows` rows of `x`, returning `[rows, out]` (threads from
+    /// rayon's pool).
     pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
         let mut y = match &self.weight {
-            LinearWeight::Quant(w) => w.matmul(x, rows),
-            LinearWeight::Candle(w) => {
-                let t = Tensor::from_slice(x, (rows, self.in_features), &Device::Cpu)?;
-                t.apply(w)?.flatten_all()?.to_vec1::<f32>()?
-            }
-            LinearWeight::Dense(w) => {
-                let t = Tensor::from_slice(x, (rows, self.in_features), &Device::Cpu)?;
-                t.matmul(&w.t()?)?.flatten_all()?.to_vec1::<f32>()?
-            }
+            LinearWeight::Packed(w) => w.matmul(x, rows),
+            LinearWeight::Candle(w) => candle_forward(w, x, rows, self.in_features)?,
         };
         if let Some(b) = &self.bias {
             for row in y.chunks_exact_mut(self.out_features) {
@@ -121,4 +120,51 @@ impl Linear {
         }
         Ok(y)
     }
+
+    /// This member's share of `y = x · Wᵀ (+ b)` into `out` (`[rows, out_features]`):
+    /// stored, or added to what `out` holds (a residual). Members together cover every
+    /// output once; each writes only its own columns, so `out` may be read by all
+    /// after the next barrier. Candle-kernel layers are computed whole by member 0.
+    pub fn forward_share(
+        &self,
+        member: &Member,
+        x: &[f32],
+        rows: usize,
+        out: &SharedBuf,
+        epilogue: Epilogue,
+    ) -> Result<(), ModelError> {
+        let width = self.out_features;
+        match &self.weight {
+            LinearWeight::Packed(w) => {
+                let panels: Range<usize> = member.share(w.panels());
+                // SAFETY: members' panel shares are disjoint, so are their columns.
+                let sink =
+                    unsafe { out.sink(width, width, epilogue) }.with_bias(self.bias.as_deref());
+                w.gemm_panels(x, rows, panels, &sink);
+            }
+            LinearWeight::Candle(w) => {
+                if member.index() != 0 {
+                    return Ok(());
+                }
+                let y = candle_forward(w, x, rows, self.in_features)?;
+                // SAFETY: only member 0 writes, and nobody reads before the barrier.
+                let dst = unsafe { out.get_mut(0..rows * width) };
+                for (d, s) in dst.chunks_exact_mut(width).zip(y.chunks_exact(width)) {
+                    for (o, (d, s)) in d.iter_mut().zip(s).enumerate() {
+                        let v = s + self.bias.as_ref().map_or(0.0, |b| b[o]);
+                        match epilogue {
+                            Epilogue::Store => *d = v,
+                            Epilogue::Accumulate => *d += v,
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn candle_forward(w: &QMatMul, x: &[f32], rows: usize, inp: usize) -> Result<Vec<f32>, ModelError> {
+    let t = Tensor::from_slice(x, (rows, inp), &Device::Cpu)?;
+    Ok(t.apply(w)?.flatten_all()?.to_vec1::<f32>()?)
 }

@@ -20,11 +20,12 @@ pub mod fetch;
 pub mod forward;
 pub mod gguf;
 pub mod gguf_file;
+pub mod kernels;
 pub mod linear;
 mod load;
 pub mod ops;
-pub mod quant;
 pub mod safetensors;
+pub mod team;
 pub mod tokenizer;
 mod weights;
 

@@ -9,12 +9,28 @@ use super::config::RopeStyle;
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f64) {
     let width = weight.len();
     for row in x.chunks_exact_mut(width) {
-        let sum_sq: f32 = row.iter().map(|v| v * v).sum();
-        let scale = 1.0 / ((sum_sq / width as f32) + eps as f32).sqrt();
+        let scale = rms_scale(row, eps);
         for (v, w) in row.iter_mut().zip(weight) {
             *v = *v * scale * w;
         }
     }
+}
+
+/// RMSNorm of each `width`-wide row of `src` into `dst`: the same arithmetic as
+/// [`rms_norm`].
+pub fn rms_norm_into(src: &[f32], weight: &[f32], eps: f64, dst: &mut [f32]) {
+    let width = weight.len();
+    for (row, out) in src.chunks_exact(width).zip(dst.chunks_exact_mut(width)) {
+        let scale = rms_scale(row, eps);
+        for ((o, v), w) in out.iter_mut().zip(row).zip(weight) {
+            *o = *v * scale * w;
+        }
+    }
+}
+
+fn rms_scale(row: &[f32], eps: f64) -> f32 {
+    let sum_sq: f32 = row.iter().map(|v| v * v).sum();
+    1.0 / ((sum_sq / row.len() as f32) + eps as f32).sqrt()
 }
 
 /// Precomputed RoPE inverse frequencies for one head width.
@@ -36,12 +52,25 @@ impl Rope {
 
     /// Rotates every head of one token's `[heads * head_dim]` row in place.
     pub fn apply(&self, row: &mut [f32], position: usize) {
+        let angles = self.angles(position);
+        self.rotate(row, &angles);
+    }
+
+    /// `(sin, cos)` of each frequency at `position`: the same for every head and every
+    /// layer, so a forward computes them once per token (see [`Rope::rotate`]).
+    pub fn angles(&self, position: usize) -> Vec<(f32, f32)> {
+        self.inv_freq
+            .iter()
+            .map(|f| (position as f32 * f).sin_cos())
+            .collect()
+    }
+
+    /// Rotates every head of one row by precomputed [`Rope::angles`].
+    pub fn rotate(&self, row: &mut [f32], angles: &[(f32, f32)]) {
         let half = self.inv_freq.len();
         let head_dim = 2 * half;
         for head in row.chunks_exact_mut(head_dim) {
-            for (i, f) in self.inv_freq.iter().enumerate() {
-                let angle = position as f32 * f;
-                let (sin, cos) = angle.sin_cos();
+            for (i, &(sin, cos)) in angles.iter().enumerate() {
                 let (a, b) = match self.style {
                     RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                     RopeStyle::HalfSplit => (i, i + half),

@@ -195,14 +195,17 @@ impl SafetensorsSource {
     }
 
     fn get(&self, name: &str) -> Result<Tensor, ModelError> {
-        let t = self
-            .tensors
+        Ok(self.raw(name)?.to_dtype(DType::F32)?)
+    }
+
+    /// A tensor in the dtype the file stores it in.
+    fn raw(&self, name: &str) -> Result<&Tensor, ModelError> {
+        self.tensors
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor {
                 path: self.path.clone(),
                 name: name.to_string(),
-            })?;
-        Ok(t.to_dtype(DType::F32)?)
+            })
     }
 }
 
@@ -241,7 +244,7 @@ impl TensorSource for SafetensorsSource {
     }
 
     fn linear(&mut self, name: &str) -> Result<Linear, ModelError> {
-        Linear::dense(self.get(name)?)
+        Linear::dense(self.raw(name)?)
     }
 
     fn f32s(&mut self, name: &str) -> Result<Vec<f32>, ModelError> {

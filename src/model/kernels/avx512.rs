@@ -1,0 +1,81 @@
+//! [`Lanes`] on AVX-512F: one 512-bit register per panel of 16 outputs.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::packed::PackedMatrix;
+use super::tile::{gemm as tile_gemm, Lanes};
+use super::TileSink;
+
+pub(super) struct Avx512;
+
+impl Lanes for Avx512 {
+    type V = __m512;
+    // 2 panels × 8 rows = 16 accumulators of the 32 registers.
+    const ROW_TILE: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> __m512 {
+        _mm512_loadu_ps(at)
+    }
+    #[inline(always)]
+    unsafe fn store(at: *mut f32, v: __m512) {
+        _mm512_storeu_ps(at, v)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn widen_bf16(at: *const u16) -> __m512 {
+        let bits = _mm256_loadu_si256(at as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16))
+    }
+    #[inline(always)]
+    unsafe fn widen_f16(at: *const u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn q4_pair<const OFFSET: bool>(at: *const u8, d: __m512, m: __m512) -> (__m512, __m512) {
+        let v = _mm512_cvtepu8_epi32(_mm_loadu_si128(at as *const __m128i));
+        let mut lo = _mm512_and_si512(v, _mm512_set1_epi32(0x0F));
+        let mut hi = _mm512_srli_epi32(v, 4);
+        if !OFFSET {
+            lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(8));
+            hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
+        }
+        let a = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
+        let b = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
+        if OFFSET {
+            (_mm512_add_ps(a, m), _mm512_add_ps(b, m))
+        } else {
+            (a, b)
+        }
+    }
+    #[inline(always)]
+    unsafe fn q8(at: *const u8, d: __m512) -> __m512 {
+        let v = _mm512_cvtepi8_epi32(_mm_loadu_si128(at as *const __m128i));
+        _mm512_mul_ps(_mm512_cvtepi32_ps(v), d)
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512F (see [`super::Isa::available`]); bounds are checked by
+/// [`tile_gemm`].
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn gemm(
+    m: &PackedMatrix,
+    x: &[f32],
+    rows: usize,
+    panels: Range<usize>,
+    sink: &dyn TileSink,
+) {
+    tile_gemm::<Avx512>(m, x, rows, panels, sink)
+}

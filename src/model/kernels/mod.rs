@@ -1,0 +1,312 @@
+//! Our matmul kernels: f32 activations against f32, bf16, f16, Q4_0, Q4_1 or Q8_0
+//! weights, with one fixed order of arithmetic per output whatever the batch, the
+//! thread count or the instruction set.
+//!
+//! - [`packed`]: weights repacked at load into panels of 16 outputs.
+//! - [`tile`]: the one loop every instruction set runs (the order it fixes is there).
+//! - [`avx512`], [`avx2`], [`scalar`]: that loop's sixteen lanes on each instruction
+//!   set, chosen at run time ([`Isa::active`]), so one binary uses what the CPU has.
+//!
+//! Why not candle's: its quantised kernel quantises every activation row to 8 bits
+//! (logits move by about one unit and greedy answers change on the default model) and
+//! walks all the weights once per row; its dense gemm changes its reduction order with
+//! the row count (results vary by about 1e-6 with the batch). Here a row's result is
+//! bit-identical alone or in any batch, on every instruction set: the engine's batch
+//! invariance rests on it, and a quantised matrix gives exactly what its dequantised
+//! f32 copy gives, so the trainer's dense weights start where the engine's Q4 left off.
+//!
+//! Callers hand results to a [`TileSink`] ([`OutputSink`]: store with a bias, or add
+//! into a residual), so an epilogue costs no extra pass over memory, and a caller that
+//! splits the panels over threads gives each its own columns of one output buffer.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+pub mod packed;
+mod scalar;
+mod tile;
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use rayon::prelude::*;
+
+pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
+
+/// Most accumulator vectors one tile produces (4 panels × 1 row, or 2 × 8).
+pub(crate) const MAX_TILE: usize = 16;
+
+/// An instruction set a kernel variant is written for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isa {
+    Avx512,
+    Avx2,
+    Scalar,
+}
+
+/// Why a kernel variant cannot be selected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    #[error("this CPU cannot run the {0:?} kernels")]
+    Unavailable(Isa),
+    #[error("unknown kernel `{0}` (expected avx512, avx2 or scalar)")]
+    Unknown(String),
+}
+
+/// 0: not chosen yet; otherwise `Isa as u8 + 1`.
+static ACTIVE: AtomicU8 = AtomicU8::new(0);
+
+impl Isa {
+    /// Every variant, fastest first.
+    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2, Isa::Scalar];
+
+    /// Whether this CPU runs the variant.
+    pub fn available(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
+            }
+            Isa::Scalar => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The fastest variant this CPU runs.
+    pub fn best() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.available())
+            .unwrap_or(Isa::Scalar)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Scalar => "scalar",
+        }
+    }
+
+    /// Parses `avx512`, `avx2` or `scalar`.
+    pub fn parse(name: &str) -> Result<Isa, KernelError> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name() == name)
+            .ok_or_else(|| KernelError::Unknown(name.to_string()))
+    }
+
+    /// The variant every matmul in this process uses: [`Isa::force`]'s choice, else
+    /// `TREEGRPO_KERNEL` (avx512, avx2 or scalar) if set and runnable, else the best.
+    pub fn active() -> Isa {
+        match ACTIVE.load(Ordering::Relaxed) {
+            0 => {
+                let chosen = std::env::var("TREEGRPO_KERNEL")
+                    .ok()
+                    .and_then(|v| Isa::parse(v.trim()).ok())
+                    .filter(|i| i.available())
+                    .unwrap_or_else(Isa::best);
+                ACTIVE.store(chosen as u8 + 1, Ordering::Relaxed);
+                chosen
+            }
+            v => Isa::ALL[(v - 1) as usize],
+        }
+    }
+
+    /// Makes every later matmul in this process use `self` (tests use it to run each
+    /// variant the CPU has; results are identical across variants by construction).
+    pub fn force(self) -> Result<(), KernelError> {
+        if !self.available() {
+            return Err(KernelError::Unavailable(self));
+        }
+        ACTIVE.store(self as u8 + 1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Receives a kernel's results a tile at a time: rows `r0..r0 + nr` × panels
+/// `p0..p0 + np`, `acc[r * np + j]` holding row `r0 + r`'s 16 outputs of panel `p0 + j`.
+/// One matmul call reports each (row, panel) exactly once, so sinks that write disjoint
+/// places per (row, panel) may be shared by the threads splitting the panels.
+pub trait TileSink: Sync {
+    fn tile(&self, r0: usize, nr: usize, p0: usize, np: usize, acc: &[[f32; PANEL]]);
+}
+
+/// What [`OutputSink`] does with a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epilogue {
+    /// `out[r][o] = acc (+ bias[o])`.
+    Store,
+    /// `out[r][o] += acc (+ bias[o])` (a residual connection).
+    Accumulate,
+}
+
+/// Writes results into a row-major `[rows, width]` buffer, columns past `cols` dropped.
+pub struct OutputSink<'a> {
+    out: *mut f32,
+    len: usize,
+    width: usize,
+    cols: usize,
+    bias: Option<&'a [f32]>,
+    epilogue: Epilogue,
+    _borrow: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: each (row, panel) a matmul reports maps to its own columns of `out`, and a
+// matmul reports each once (see `TileSink`), so threads sharing the sink never write
+// the same element; `out` is borrowed mutably for 'a, so no one else touches it.
+unsafe impl Sync for OutputSink<'_> {}
+
+impl<'a> OutputSink<'a> {
+    /// `out` is `[rows, width]`; outputs `0..cols` are written.
+    pub fn new(out: &'a mut [f32], width: usize, cols: usize, epilogue: Epilogue) -> Self {
+        OutputSink {
+            out: out.as_mut_ptr(),
+            len: out.len(),
+            width,
+            cols: cols.min(width),
+            bias: None,
+            epilogue,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// A sink over raw memory, for callers that share one buffer between threads.
+    ///
+    /// # Safety
+    /// `out..out + len` is valid for writes for `'a`, and sinks used at once over the
+    /// same memory are given disjoint panel ranges (so they write disjoint columns).
+    pub unsafe fn from_raw_parts(
+        out: *mut f32,
+        len: usize,
+        width: usize,
+        cols: usize,
+        epilogue: Epilogue,
+    ) -> Self {
+        OutputSink {
+            out,
+            len,
+            width,
+            cols: cols.min(width),
+            bias: None,
+            epilogue,
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Adds `bias[o]` to every output `o`.
+    pub fn with_bias(mut self, bias: Option<&'a [f32]>) -> Self {
+        self.bias = bias;
+        self
+    }
+
+    fn write(
+        &self,
+        r: usize,
+        col0: usize,
+        values: &[f32; PANEL],
+        f: impl Fn(f32, &mut f32, usize),
+    ) {
+        let n = PANEL.min(self.cols.saturating_sub(col0));
+        let start = r * self.width + col0;
+        assert!(start + n <= self.len, "sink row {r} out of bounds");
+        for (l, v) in values.iter().enumerate().take(n) {
+            // SAFETY: in bounds (checked above) and written by this tile only.
+            unsafe { f(*v, &mut *self.out.add(start + l), col0 + l) };
+        }
+    }
+}
+
+impl TileSink for OutputSink<'_> {
+    fn tile(&self, r0: usize, nr: usize, p0: usize, np: usize, acc: &[[f32; PANEL]]) {
+        for r in 0..nr {
+            let row = &acc[r * np..(r + 1) * np];
+            match self.epilogue {
+                Epilogue::Store => {
+                    for (j, a) in row.iter().enumerate() {
+                        self.write(r0 + r, (p0 + j) * PANEL, a, |v, o, c| {
+                            *o = match self.bias {
+                                Some(b) => v + b[c],
+                                None => v,
+                            }
+                        });
+                    }
+                }
+                Epilogue::Accumulate => {
+                    for (j, a) in row.iter().enumerate() {
+                        self.write(r0 + r, (p0 + j) * PANEL, a, |v, o, c| {
+                            *o += match self.bias {
+                                Some(b) => v + b[c],
+                                None => v,
+                            }
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl PackedMatrix {
+    /// Runs panels `panels` of `self` over `rows` rows of `x` on the calling thread
+    /// with the given kernel variant (which must be available), results to `sink`.
+    pub fn gemm_panels_with(
+        &self,
+        isa: Isa,
+        x: &[f32],
+        rows: usize,
+        panels: Range<usize>,
+        sink: &dyn TileSink,
+    ) {
+        assert!(isa.available(), "{isa:?} kernels on a CPU without them");
+        assert!(x.len() >= rows * self.inp, "activation shape");
+        assert!(panels.end <= self.panels, "panel range");
+        match isa {
+            // SAFETY: the CPU runs the variant (asserted); bounds asserted above and
+            // again inside the kernel.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => unsafe { avx512::gemm(self, x, rows, panels, sink) },
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => unsafe { avx2::gemm(self, x, rows, panels, sink) },
+            // SAFETY: bounds as above; no instruction-set requirement.
+            _ => unsafe { scalar::gemm(self, x, rows, panels, sink) },
+        }
+    }
+
+    /// [`Self::gemm_panels_with`] on the active variant.
+    pub fn gemm_panels(&self, x: &[f32], rows: usize, panels: Range<usize>, sink: &dyn TileSink) {
+        self.gemm_panels_with(Isa::active(), x, rows, panels, sink)
+    }
+
+    /// `y = x · Wᵀ` for `x: [rows, in]`, returning `[rows, out]`; panels are split
+    /// over rayon's threads (the engine's forward uses its own team instead).
+    pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        self.matmul_with(Isa::active(), x, rows)
+    }
+
+    /// [`Self::matmul`] on a given variant.
+    pub fn matmul_with(&self, isa: Isa, x: &[f32], rows: usize) -> Vec<f32> {
+        let mut y = vec![0f32; rows * self.out];
+        let sink = OutputSink::new(&mut y, self.out, self.out, Epilogue::Store);
+        let chunks = split_range(self.panels, rayon::current_num_threads() * 4);
+        chunks
+            .into_par_iter()
+            .for_each(|range| self.gemm_panels_with(isa, x, rows, range, &sink));
+        y
+    }
+}
+
+/// Splits `0..n` into at most `parts` contiguous ranges, as equal as possible.
+pub fn split_range(n: usize, parts: usize) -> Vec<Range<usize>> {
+    let parts = parts.clamp(1, n.max(1));
+    (0..parts)
+        .map(|i| n * i / parts..n * (i + 1) / parts)
+        .filter(|r| !r.is_empty())
+        .collect()
+}

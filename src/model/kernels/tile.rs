@@ -1,0 +1,378 @@
+//! The one matmul loop every instruction set runs, written once over [`Lanes`].
+//!
+//! Each (row, output) pair owns one accumulator lane, which receives
+//! `fma(x[k], w[k], acc)` for `k = 0, 1, …, in − 1` in that order, starting from zero.
+//! Tile shapes, thread splits and instruction sets only decide which lanes are computed
+//! together, never the order of a lane's operations: a row's result is bit-identical
+//! alone or in any batch, and identical on AVX-512, AVX2 and the scalar fallback.
+
+use std::ops::Range;
+
+use super::packed::{PackedMatrix, WeightFormat, BLOCK, PANEL};
+use super::{TileSink, MAX_TILE};
+
+/// Sixteen f32 lanes (one panel) on one instruction set. Every method is `unsafe`
+/// because it may use instructions the caller must have checked the CPU has, and
+/// reads through raw pointers the caller keeps in bounds.
+pub(super) trait Lanes {
+    type V: Copy;
+    /// Rows a tile holds with two panels (so the accumulators stay in registers).
+    const ROW_TILE: usize;
+    unsafe fn zero() -> Self::V;
+    unsafe fn load(at: *const f32) -> Self::V;
+    unsafe fn store(at: *mut f32, v: Self::V);
+    unsafe fn splat(x: f32) -> Self::V;
+    /// `a · b + c`, rounded once.
+    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn widen_bf16(at: *const u16) -> Self::V;
+    unsafe fn widen_f16(at: *const u16) -> Self::V;
+    /// Sixteen bytes of Q4 nibble pairs as the weights at `k` (low) and `k + 1` (high):
+    /// `(q − 8)·d` without an offset, `q·d + m` with one.
+    unsafe fn q4_pair<const OFFSET: bool>(
+        at: *const u8,
+        d: Self::V,
+        m: Self::V,
+    ) -> (Self::V, Self::V);
+    /// Sixteen signed bytes as `q·d`.
+    unsafe fn q8(at: *const u8, d: Self::V) -> Self::V;
+}
+
+/// Reads a panel's weights as f32 vectors; `Consts` is what a block shares (scales).
+trait Source<L: Lanes> {
+    type Consts: Copy;
+    unsafe fn consts(&self, p: usize, b: usize) -> Self::Consts;
+    /// Weights of panel `p` at `k = 32b + 2t` and `k + 1`.
+    unsafe fn pair(&self, c: &Self::Consts, p: usize, b: usize, t: usize) -> (L::V, L::V);
+    /// Weights of panel `p` at `k` (dense formats' tail past the last full block).
+    unsafe fn single(&self, p: usize, k: usize) -> L::V;
+}
+
+/// f32 panels at `base`, `inp` vectors each (the matrix itself or a widened copy).
+struct F32Src {
+    base: *const f32,
+    inp: usize,
+}
+
+impl<L: Lanes> Source<L> for F32Src {
+    type Consts = ();
+    #[inline(always)]
+    unsafe fn consts(&self, _: usize, _: usize) {}
+    #[inline(always)]
+    unsafe fn pair(&self, _: &(), p: usize, b: usize, t: usize) -> (L::V, L::V) {
+        let at = self.base.add((p * self.inp + b * BLOCK + 2 * t) * PANEL);
+        (L::load(at), L::load(at.add(PANEL)))
+    }
+    #[inline(always)]
+    unsafe fn single(&self, p: usize, k: usize) -> L::V {
+        L::load(self.base.add((p * self.inp + k) * PANEL))
+    }
+}
+
+/// bf16 (`F16 = false`) or f16 (`F16 = true`) panels, widened exactly.
+struct HalfSrc<const F16: bool> {
+    base: *const u16,
+    inp: usize,
+}
+
+impl<const F16: bool> HalfSrc<F16> {
+    #[inline(always)]
+    unsafe fn widen<L: Lanes>(at: *const u16) -> L::V {
+        if F16 {
+            L::widen_f16(at)
+        } else {
+            L::widen_bf16(at)
+        }
+    }
+}
+
+impl<L: Lanes, const F16: bool> Source<L> for HalfSrc<F16> {
+    type Consts = ();
+    #[inline(always)]
+    unsafe fn consts(&self, _: usize, _: usize) {}
+    #[inline(always)]
+    unsafe fn pair(&self, _: &(), p: usize, b: usize, t: usize) -> (L::V, L::V) {
+        let at = self.base.add((p * self.inp + b * BLOCK + 2 * t) * PANEL);
+        (Self::widen::<L>(at), Self::widen::<L>(at.add(PANEL)))
+    }
+    #[inline(always)]
+    unsafe fn single(&self, p: usize, k: usize) -> L::V {
+        Self::widen::<L>(self.base.add((p * self.inp + k) * PANEL))
+    }
+}
+
+/// Q4_0 (`OFFSET = false`) or Q4_1 (`OFFSET = true`) panels.
+struct Q4Src<const OFFSET: bool> {
+    scales: *const f32,
+    offsets: *const f32,
+    bytes: *const u8,
+    blocks: usize,
+}
+
+impl<L: Lanes, const OFFSET: bool> Source<L> for Q4Src<OFFSET> {
+    type Consts = (L::V, L::V);
+    #[inline(always)]
+    unsafe fn consts(&self, p: usize, b: usize) -> (L::V, L::V) {
+        let slot = (p * self.blocks + b) * PANEL;
+        let m = if OFFSET {
+            L::load(self.offsets.add(slot))
+        } else {
+            L::zero()
+        };
+        (L::load(self.scales.add(slot)), m)
+    }
+    #[inline(always)]
+    unsafe fn pair(&self, c: &(L::V, L::V), p: usize, b: usize, t: usize) -> (L::V, L::V) {
+        let at = self.bytes.add(((p * self.blocks + b) * 16 + t) * PANEL);
+        L::q4_pair::<OFFSET>(at, c.0, c.1)
+    }
+    unsafe fn single(&self, _: usize, _: usize) -> L::V {
+        unreachable!("quantised widths are whole blocks")
+    }
+}
+
+/// Q8_0 panels.
+struct Q8Src {
+    scales: *const f32,
+    bytes: *const u8,
+    blocks: usize,
+}
+
+impl<L: Lanes> Source<L> for Q8Src {
+    type Consts = L::V;
+    #[inline(always)]
+    unsafe fn consts(&self, p: usize, b: usize) -> L::V {
+        L::load(self.scales.add((p * self.blocks + b) * PANEL))
+    }
+    #[inline(always)]
+    unsafe fn pair(&self, d: &L::V, p: usize, b: usize, t: usize) -> (L::V, L::V) {
+        let at = self.bytes.add(((p * self.blocks + b) * 32 + 2 * t) * PANEL);
+        (L::q8(at, *d), L::q8(at.add(PANEL), *d))
+    }
+    unsafe fn single(&self, _: usize, _: usize) -> L::V {
+        unreachable!("quantised widths are whole blocks")
+    }
+}
+
+/// `rows` rows of `x` against panels `panels` of `m`, tiles handed to `sink`.
+///
+/// # Safety
+/// The CPU must run `L`'s instructions (the caller is a `#[target_feature]` function
+/// that inlines this); `x` holds at least `rows * m.in_features()` values and
+/// `panels.end <= m.panels()`.
+#[inline(always)]
+pub(super) unsafe fn gemm<L: Lanes>(
+    m: &PackedMatrix,
+    x: &[f32],
+    rows: usize,
+    panels: Range<usize>,
+    sink: &dyn TileSink,
+) {
+    assert!(x.len() >= rows * m.inp && panels.end <= m.panels);
+    let (inp, blocks) = (m.inp, m.blocks());
+    match m.format {
+        WeightFormat::F32 => {
+            let src = F32Src {
+                base: m.f32s.as_ptr(),
+                inp,
+            };
+            drive::<L, _>(&src, m, x, rows, panels, sink);
+        }
+        WeightFormat::Bf16 => {
+            let src = HalfSrc::<false> {
+                base: m.halves.as_ptr(),
+                inp,
+            };
+            drive::<L, _>(&src, m, x, rows, panels, sink);
+        }
+        WeightFormat::F16 => {
+            let src = HalfSrc::<true> {
+                base: m.halves.as_ptr(),
+                inp,
+            };
+            drive::<L, _>(&src, m, x, rows, panels, sink);
+        }
+        WeightFormat::Q4_0 | WeightFormat::Q4_1 => {
+            let (scales, offsets, bytes) = (m.f32s.as_ptr(), m.offsets.as_ptr(), m.bytes.as_ptr());
+            if m.format == WeightFormat::Q4_1 {
+                let src = Q4Src::<true> {
+                    scales,
+                    offsets,
+                    bytes,
+                    blocks,
+                };
+                drive::<L, _>(&src, m, x, rows, panels, sink);
+            } else {
+                let src = Q4Src::<false> {
+                    scales,
+                    offsets,
+                    bytes,
+                    blocks,
+                };
+                drive::<L, _>(&src, m, x, rows, panels, sink);
+            }
+        }
+        WeightFormat::Q8_0 => {
+            let src = Q8Src {
+                scales: m.f32s.as_ptr(),
+                bytes: m.bytes.as_ptr(),
+                blocks,
+            };
+            drive::<L, _>(&src, m, x, rows, panels, sink);
+        }
+    }
+}
+
+/// Few rows: weights converted in registers, straight from storage. More rows than a
+/// tile: a group of panels is converted once into f32 scratch and every row tile reads
+/// the scratch (the same values, so the same results).
+///
+/// Panels go in groups of 4 for a single row (four independent accumulator chains hide
+/// the FMA latency) and of 2 otherwise.
+#[inline(always)]
+unsafe fn drive<L: Lanes, S: Source<L>>(
+    src: &S,
+    m: &PackedMatrix,
+    x: &[f32],
+    rows: usize,
+    panels: Range<usize>,
+    sink: &dyn TileSink,
+) {
+    let convert = rows > L::ROW_TILE && m.format != WeightFormat::F32;
+    let group = if rows == 1 { 4 } else { 2 };
+    let mut scratch = Vec::new();
+    let mut p0 = panels.start;
+    while p0 < panels.end {
+        let np = group.min(panels.end - p0);
+        if convert {
+            scratch.resize(np * m.inp * PANEL, 0f32);
+            widen_panels::<L, S>(src, m.inp, p0, np, &mut scratch);
+            let local = F32Src {
+                base: scratch.as_ptr(),
+                inp: m.inp,
+            };
+            row_tiles::<L, F32Src>(&local, m.inp, x, rows, 0, p0, np, sink);
+        } else {
+            row_tiles::<L, S>(src, m.inp, x, rows, p0, p0, np, sink);
+        }
+        p0 += np;
+    }
+}
+
+/// Writes panels `p0..p0 + np` as f32 `[j][k][16]` into `dst`.
+#[inline(always)]
+unsafe fn widen_panels<L: Lanes, S: Source<L>>(
+    src: &S,
+    inp: usize,
+    p0: usize,
+    np: usize,
+    dst: &mut [f32],
+) {
+    let d = dst.as_mut_ptr();
+    for j in 0..np {
+        for b in 0..inp / BLOCK {
+            let c = src.consts(p0 + j, b);
+            for t in 0..16 {
+                let (wa, wb) = src.pair(&c, p0 + j, b, t);
+                let at = d.add((j * inp + b * BLOCK + 2 * t) * PANEL);
+                L::store(at, wa);
+                L::store(at.add(PANEL), wb);
+            }
+        }
+        for k in inp / BLOCK * BLOCK..inp {
+            L::store(d.add((j * inp + k) * PANEL), src.single(p0 + j, k));
+        }
+    }
+}
+
+/// Every row tile against source panels `sp..sp + np`, reported to the sink as
+/// panels `p0..p0 + np`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_tiles<L: Lanes, S: Source<L>>(
+    src: &S,
+    inp: usize,
+    x: &[f32],
+    rows: usize,
+    sp: usize,
+    p0: usize,
+    np: usize,
+    sink: &dyn TileSink,
+) {
+    let mut r0 = 0;
+    while r0 < rows {
+        let nr = L::ROW_TILE.min(rows - r0);
+        let xr = x.as_ptr().add(r0 * inp);
+        let mut out = [[0f32; PANEL]; MAX_TILE];
+        macro_rules! run {
+            ($np:literal, $nr:literal) => {
+                tile::<L, S, $np, $nr>(src, inp, xr, sp, &mut out)
+            };
+        }
+        match (np, nr) {
+            (4, _) => run!(4, 1),
+            (3, _) => run!(3, 1),
+            (2, 1) => run!(2, 1),
+            (2, 2) => run!(2, 2),
+            (2, 3) => run!(2, 3),
+            (2, 4) => run!(2, 4),
+            (2, 5) => run!(2, 5),
+            (2, 6) => run!(2, 6),
+            (2, 7) => run!(2, 7),
+            (2, _) => run!(2, 8),
+            (_, 1) => run!(1, 1),
+            (_, 2) => run!(1, 2),
+            (_, 3) => run!(1, 3),
+            (_, 4) => run!(1, 4),
+            (_, 5) => run!(1, 5),
+            (_, 6) => run!(1, 6),
+            (_, 7) => run!(1, 7),
+            _ => run!(1, 8),
+        }
+        sink.tile(r0, nr, p0, np, &out[..np * nr]);
+        r0 += nr;
+    }
+}
+
+/// `NR` rows × `NP` panels; `out[r * NP + j]` receives row `r`'s 16 outputs of panel `j`.
+#[inline(always)]
+unsafe fn tile<L: Lanes, S: Source<L>, const NP: usize, const NR: usize>(
+    src: &S,
+    inp: usize,
+    x: *const f32,
+    p0: usize,
+    out: &mut [[f32; PANEL]; MAX_TILE],
+) {
+    let mut acc = [[L::zero(); NP]; NR];
+    for b in 0..inp / BLOCK {
+        let consts: [S::Consts; NP] = std::array::from_fn(|j| src.consts(p0 + j, b));
+        for t in 0..16 {
+            let k = b * BLOCK + 2 * t;
+            let mut wa = [L::zero(); NP];
+            let mut wb = [L::zero(); NP];
+            for j in 0..NP {
+                (wa[j], wb[j]) = src.pair(&consts[j], p0 + j, b, t);
+            }
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let xa = L::splat(*x.add(r * inp + k));
+                let xb = L::splat(*x.add(r * inp + k + 1));
+                for j in 0..NP {
+                    acc_r[j] = L::fmadd(xa, wa[j], acc_r[j]);
+                    acc_r[j] = L::fmadd(xb, wb[j], acc_r[j]);
+                }
+            }
+        }
+    }
+    for k in inp / BLOCK * BLOCK..inp {
+        for j in 0..NP {
+            let w = src.single(p0 + j, k);
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                acc_r[j] = L::fmadd(L::splat(*x.add(r * inp + k)), w, acc_r[j]);
+            }
+        }
+    }
+    for (r, acc_r) in acc.iter().enumerate() {
+        for (j, a) in acc_r.iter().enumerate() {
+            L::store(out[r * NP + j].as_mut_ptr(), *a);
+        }
+    }
+}
