@@ -1,6 +1,7 @@
 //! Micro-benchmark of our matmul kernels: every variant this CPU runs × weight format ×
 //! batch rows, on one thread, at the default model's MLP shape (1536 × 576).
-//! `cargo run --release --example kernel_speed`
+//! `cargo run --release --example kernel_speed [-- ISA FORMAT ROWS]` (filters, e.g.
+//! `avx2 Q4_1 64`, for `perf stat` of one case).
 use std::time::Instant;
 
 use treegrpo::model::kernels::{Isa, PackedMatrix, WeightFormat};
@@ -17,11 +18,22 @@ fn main() {
         PackedMatrix::from_bf16(out, inp, &bf).unwrap(),
         PackedMatrix::from_ggml(WeightFormat::Q4_1, out, inp, &q41).unwrap(),
     ];
+    let filter: Vec<String> = std::env::args().skip(1).collect();
+    let keep = |i: usize, v: &str| filter.get(i).is_none_or(|f| f == v);
     println!("| kernel | format | rows | µs / call | GFLOP/s | weight GB/s |");
     println!("|---|---|---|---|---|---|");
-    for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
-        for m in &matrices {
-            for rows in [1usize, 8, 32, 64] {
+    for isa in Isa::ALL
+        .into_iter()
+        .filter(|i| i.available() && keep(0, i.name()))
+    {
+        for m in matrices
+            .iter()
+            .filter(|m| keep(1, &format!("{:?}", m.format())))
+        {
+            for rows in [1usize, 8, 32, 64]
+                .into_iter()
+                .filter(|r| keep(2, &r.to_string()))
+            {
                 let x: Vec<f32> = (0..rows * inp).map(|i| (i % 13) as f32 / 13.0).collect();
                 let iters = if isa == Isa::Scalar {
                     3

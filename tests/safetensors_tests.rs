@@ -122,7 +122,8 @@ fn unpermuted_llama_gguf_gives_different_logits() {
     assert!(d > 0.1, "unpermuted GGUF should differ clearly, got {d}");
 }
 
-/// Half-precision checkpoints are widened to f32 on load. Rounding every weight to bf16
+/// Half-precision checkpoints keep their bf16/f16 weights (widened exactly as the
+/// kernels read them). Rounding every weight to bf16
 /// (8 significant bits, relative error ≤ 2^-9) or f16 (11 bits, ≤ 2^-12) perturbs the
 /// logits; through two layers we accept 1% (bf16) and 0.25% (f16) of the largest
 /// |logit|, 3-5 times the error measured here (0.34%, 0.05%) but far below the effect of a wrong

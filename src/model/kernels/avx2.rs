@@ -15,8 +15,11 @@ pub(super) struct Pair(__m256, __m256);
 
 impl Lanes for Avx2 {
     type V = Pair;
-    // 2 panels × 3 rows = 12 accumulators of the 16 registers.
-    const ROW_TILE: usize = 3;
+    // 1 panel × 6 rows = 12 accumulators of the 16 registers: each weight vector
+    // loaded serves six rows (two panels × three rows halves that, and the weight
+    // loads from L2 were the bound).
+    const ROW_TILE: usize = 6;
+    const PANEL_GROUP: usize = 1;
     #[inline(always)]
     unsafe fn zero() -> Pair {
         Pair(_mm256_setzero_ps(), _mm256_setzero_ps())

@@ -13,6 +13,7 @@ impl Lanes for Avx512 {
     type V = __m512;
     // 2 panels × 8 rows = 16 accumulators of the 32 registers.
     const ROW_TILE: usize = 8;
+    const PANEL_GROUP: usize = 2;
     #[inline(always)]
     unsafe fn zero() -> __m512 {
         _mm512_setzero_ps()

@@ -17,6 +17,7 @@ type V = [f32; 16];
 impl Lanes for Scalar {
     type V = V;
     const ROW_TILE: usize = 8;
+    const PANEL_GROUP: usize = 2;
     #[inline(always)]
     unsafe fn zero() -> V {
         [0.0; 16]

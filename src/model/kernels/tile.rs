@@ -16,8 +16,11 @@ use super::{TileSink, MAX_TILE};
 /// reads through raw pointers the caller keeps in bounds.
 pub(super) trait Lanes {
     type V: Copy;
-    /// Rows a tile holds with two panels (so the accumulators stay in registers).
+    /// Rows a tile holds when there are several (so the accumulators of
+    /// `PANEL_GROUP × ROW_TILE` vectors stay in registers).
     const ROW_TILE: usize;
+    /// Panels a tile holds when there are several rows.
+    const PANEL_GROUP: usize;
     unsafe fn zero() -> Self::V;
     unsafe fn load(at: *const f32) -> Self::V;
     unsafe fn store(at: *mut f32, v: Self::V);
@@ -227,7 +230,7 @@ pub(super) unsafe fn gemm<L: Lanes>(
 /// the scratch (the same values, so the same results).
 ///
 /// Panels go in groups of 4 for a single row (four independent accumulator chains hide
-/// the FMA latency) and of 2 otherwise.
+/// the FMA latency) and of `L::PANEL_GROUP` otherwise.
 #[inline(always)]
 unsafe fn drive<L: Lanes, S: Source<L>>(
     src: &S,
@@ -238,7 +241,13 @@ unsafe fn drive<L: Lanes, S: Source<L>>(
     sink: &dyn TileSink,
 ) {
     let convert = rows > L::ROW_TILE && m.format != WeightFormat::F32;
-    let group = if rows == 1 { 4 } else { 2 };
+    // Enough independent accumulators to hide the FMA latency: four panels for one
+    // row, at least two for a few rows, the register tile for many.
+    let group = match rows {
+        1 => 4,
+        r if 2 * r <= L::ROW_TILE => L::PANEL_GROUP.max(2),
+        _ => L::PANEL_GROUP,
+    };
     let mut scratch = Vec::new();
     let mut p0 = panels.start;
     while p0 < panels.end {
@@ -298,9 +307,12 @@ unsafe fn row_tiles<L: Lanes, S: Source<L>>(
     np: usize,
     sink: &dyn TileSink,
 ) {
+    // Equal tiles (8 rows as 4 + 4, not 6 + 2): a short last tile has too few
+    // accumulators to keep the FMA units busy.
+    let tiles = rows.div_ceil(L::ROW_TILE);
     let mut r0 = 0;
-    while r0 < rows {
-        let nr = L::ROW_TILE.min(rows - r0);
+    for t in 0..tiles {
+        let nr = rows * (t + 1) / tiles - r0;
         let xr = x.as_ptr().add(r0 * inp);
         let mut out = [[0f32; PANEL]; MAX_TILE];
         macro_rules! run {
