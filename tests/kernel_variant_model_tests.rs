@@ -125,7 +125,9 @@ fn every_kernel_variant_passes_the_oracle_and_batch_invariance() {
         tiny.write_hf(&dir, dtype, 1);
         dense.push((dtype, LoadedModel::load(&dir).unwrap()));
     }
-    let dense_tokens: Vec<u32> = (0..40u32).map(|i| (i * 37 + 11) % 283).collect();
+    // Short enough that the other sequences of the check (twice as long, plus a few
+    // steps) stay inside the tiny model's 64-token context.
+    let dense_tokens: Vec<u32> = (0..20u32).map(|i| (i * 37 + 11) % 283).collect();
 
     let mut first: Option<(Isa, Logits, Vec<Logits>)> = None;
     for isa in Isa::ALL.into_iter().filter(|i| i.available()) {
