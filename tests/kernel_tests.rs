@@ -10,6 +10,9 @@
 //!   any size and content, on every variant: the property the engine's
 //!   reproducibility rests on.
 //! - Thread splits: results are the same however the panels are divided.
+//! - Attention's weighted sums of value rows: identical on every variant and to the
+//!   plain loop they replaced. (This test forces variants process-wide; the others
+//!   name their variant explicitly, so they are unaffected.)
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
@@ -240,4 +243,31 @@ fn bad_shapes_are_errors_not_panics() {
     assert!(PackedMatrix::from_ggml(WeightFormat::Q4_0, 2, 48, &[0; 36]).is_err());
     assert!(PackedMatrix::from_ggml(WeightFormat::Q8_0, 2, 64, &[0; 10]).is_err());
     assert!(PackedMatrix::from_ggml(WeightFormat::F32, 2, 64, &[0; 10]).is_err());
+}
+
+#[test]
+fn weighted_sums_of_rows_are_identical_on_every_variant_and_match_the_plain_loop() {
+    let mut rng = Lcg(17);
+    for (n, width, offset) in [(1, 64, 0), (37, 64, 64), (300, 80, 16), (5, 7, 3)] {
+        let rows_data: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(offset + width + 5)).collect();
+        let rows: Vec<&[f32]> = rows_data.iter().map(|r| &r[..]).collect();
+        let probs: Vec<f32> = rng.vec(n).iter().map(|v| v.abs()).collect();
+        let scale = 0.37;
+        // The plain loop the attention kernel used to run: `out += (p · scale) · v`, in
+        // row order, straight into `out`.
+        let mut expected = vec![0f32; width];
+        for (row, p) in rows.iter().zip(&probs) {
+            let p = p * scale;
+            for (o, v) in expected.iter_mut().zip(&row[offset..]) {
+                *o += p * v;
+            }
+        }
+        for isa in variants() {
+            isa.force().unwrap();
+            let mut out = vec![0f32; width];
+            treegrpo::model::kernels::weighted_sum(&rows, offset, &probs, scale, &mut out);
+            assert_eq!(out, expected, "{isa:?} n {n} width {width}");
+        }
+        Isa::best().force().unwrap();
+    }
 }

@@ -6,6 +6,7 @@
 //! per block, a dense one a single run, and the kernel never concatenates a cache.
 
 use super::error::ModelError;
+use super::kernels::weighted_sum;
 
 /// A contiguous run of cached positions: `rows` keys and values, each `kv_dim` wide
 /// (all KV heads of one position side by side).
@@ -56,9 +57,12 @@ pub struct AttentionShape {
 /// One layer's attention for a whole batch, planned once: each new token's sequence
 /// and position, and each sequence's KV runs, looked up before the work is split.
 ///
-/// The work is one item per (token, head) pair, `items()` of them; each item's
-/// arithmetic is a fixed sequential loop over positions, so it depends neither on the
-/// batch nor on which thread computes it.
+/// The work is one item per (token, KV head): the query heads that share a KV head
+/// (grouped-query attention) are computed in one pass over its keys and values, so
+/// the cache is read once per group rather than once per query head (at rollout
+/// contexts the cache does not fit in L2 and attention is bound by that read). Each
+/// (token, head) output is still its own fixed sequential loop over positions, the
+/// same whichever item, batch or thread computes it.
 pub struct AttentionPlan<'a> {
     shape: AttentionShape,
     /// Per new token: its sequence (index into `seq_chunks`) and position.
@@ -88,57 +92,72 @@ impl<'a> AttentionPlan<'a> {
         }
     }
 
-    /// (token, head) pairs: item `i` is token `i / num_heads`, head `i % num_heads`.
+    /// (token, KV head) pairs: item `i` is token `i / num_kv_heads`, KV head
+    /// `i % num_kv_heads`.
     pub fn items(&self) -> usize {
-        self.row_info.len() * self.shape.num_heads
+        self.row_info.len() * self.shape.num_kv_heads
     }
 
-    /// Computes item `idx` from `q` (`[rows, num_heads * head_dim]`) into `out_h`
-    /// (`head_dim` values, which must be zero on entry).
-    pub fn attend_item(&self, q: &[f32], idx: usize, out_h: &mut [f32]) {
+    /// Output values one item writes: its query heads' `head_dim` each. Item `i`'s
+    /// values are `i * item_width ..` of the `[rows, num_heads * head_dim]` output.
+    pub fn item_width(&self) -> usize {
+        self.shape.num_heads / self.shape.num_kv_heads * self.shape.head_dim
+    }
+
+    /// Computes item `idx` from `q` (`[rows, num_heads * head_dim]`) into `out`
+    /// ([`Self::item_width`] values, which must be zero on entry).
+    pub fn attend_item(&self, q: &[f32], idx: usize, out: &mut [f32]) {
         let AttentionShape {
             num_heads,
             num_kv_heads,
             head_dim,
         } = self.shape;
         let (q_dim, kv_dim) = (num_heads * head_dim, num_kv_heads * head_dim);
+        let group = num_heads / num_kv_heads;
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let (row, head) = (idx / num_heads, idx % num_heads);
+        let (row, kv_head) = (idx / num_kv_heads, idx % num_kv_heads);
         let (s, position) = self.row_info[row];
-        let kv_head = head / (num_heads / num_kv_heads);
-        let q_h = &q[row * q_dim + head * head_dim..][..head_dim];
+        // The group's query heads are adjacent: heads kv_head·group ..
+        let qs = &q[row * q_dim + kv_head * group * head_dim..][..group * head_dim];
         let n = position + 1;
-        let mut scores = Vec::with_capacity(n);
-        let mut max = f32::NEG_INFINITY;
+        // scores[h * n + j]: head h of the group against position j.
+        let mut scores = vec![0f32; group * n];
+        let mut j = 0;
         'runs: for chunk in &self.seq_chunks[s] {
             for k_row in chunk.keys.chunks_exact(kv_dim) {
-                if scores.len() == n {
+                if j == n {
                     break 'runs;
                 }
-                let sc = dot(q_h, &k_row[kv_head * head_dim..][..head_dim]) * scale;
-                max = max.max(sc);
-                scores.push(sc);
-            }
-        }
-        let mut denom = 0f32;
-        for sc in scores.iter_mut() {
-            *sc = (*sc - max).exp();
-            denom += *sc;
-        }
-        let inv = 1.0 / denom;
-        let mut j = 0;
-        'vals: for chunk in &self.seq_chunks[s] {
-            for v_row in chunk.values.chunks_exact(kv_dim) {
-                if j == n {
-                    break 'vals;
-                }
-                let p = scores[j] * inv;
-                let v_h = &v_row[kv_head * head_dim..][..head_dim];
-                for (o, v) in out_h.iter_mut().zip(v_h) {
-                    *o += p * v;
+                let k_h = &k_row[kv_head * head_dim..][..head_dim];
+                for (h, q_h) in qs.chunks_exact(head_dim).enumerate() {
+                    scores[h * n + j] = dot(q_h, k_h) * scale;
                 }
                 j += 1;
             }
+        }
+        let mut inv = vec![0f32; group];
+        for (h, sc) in scores.chunks_exact_mut(n).enumerate() {
+            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut denom = 0f32;
+            for v in sc.iter_mut() {
+                *v = (*v - max).exp();
+                denom += *v;
+            }
+            inv[h] = 1.0 / denom;
+        }
+        // The values' rows, once for the whole group.
+        let mut v_rows: Vec<&[f32]> = Vec::with_capacity(n);
+        'vals: for chunk in &self.seq_chunks[s] {
+            for v_row in chunk.values.chunks_exact(kv_dim) {
+                if v_rows.len() == n {
+                    break 'vals;
+                }
+                v_rows.push(v_row);
+            }
+        }
+        for (h, out_h) in out.chunks_exact_mut(head_dim).enumerate() {
+            let probs = &scores[h * n..(h + 1) * n];
+            weighted_sum(&v_rows, kv_head * head_dim, probs, inv[h], out_h);
         }
     }
 }

@@ -214,12 +214,12 @@ impl Model {
                 let (gs, us) = (SharedBuf::new(&mut g), SharedBuf::new(&mut u));
                 let q = &q;
                 team.run(|m| {
-                    let hd = cfg.head_dim;
+                    let width = plan.item_width();
                     // SAFETY: as in the first run: own items, rows or columns only,
                     // others' results read after a barrier.
                     for item in m.share(plan.items()) {
                         plan.attend_item(q, item, unsafe {
-                            attn_s.get_mut(item * hd..(item + 1) * hd)
+                            attn_s.get_mut(item * width..(item + 1) * width)
                         });
                     }
                     m.barrier();

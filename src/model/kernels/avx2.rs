@@ -46,6 +46,13 @@ impl Lanes for Avx2 {
         )
     }
     #[inline(always)]
+    unsafe fn mul_add_twice(a: Pair, b: Pair, c: Pair) -> Pair {
+        Pair(
+            _mm256_add_ps(_mm256_mul_ps(a.0, b.0), c.0),
+            _mm256_add_ps(_mm256_mul_ps(a.1, b.1), c.1),
+        )
+    }
+    #[inline(always)]
     unsafe fn widen_bf16(at: *const u16) -> Pair {
         let w = |p: *const u16| {
             let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
@@ -103,4 +110,17 @@ pub(super) unsafe fn gemm(
     sink: &dyn TileSink,
 ) {
     tile_gemm::<Avx2>(m, x, rows, panels, sink)
+}
+
+/// # Safety
+/// As [`super::rows::weighted_sum`], on a CPU with avx2,fma,f16c.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn weighted_sum(
+    rows: &[&[f32]],
+    offset: usize,
+    probs: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    super::rows::weighted_sum::<Avx2>(rows, offset, probs, scale, out)
 }

@@ -35,6 +35,10 @@ impl Lanes for Avx512 {
         _mm512_fmadd_ps(a, b, c)
     }
     #[inline(always)]
+    unsafe fn mul_add_twice(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_add_ps(_mm512_mul_ps(a, b), c)
+    }
+    #[inline(always)]
     unsafe fn widen_bf16(at: *const u16) -> __m512 {
         let bits = _mm256_loadu_si256(at as *const __m256i);
         _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16))
@@ -79,4 +83,17 @@ pub(super) unsafe fn gemm(
     sink: &dyn TileSink,
 ) {
     tile_gemm::<Avx512>(m, x, rows, panels, sink)
+}
+
+/// # Safety
+/// As [`super::rows::weighted_sum`], on a CPU with avx512f.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn weighted_sum(
+    rows: &[&[f32]],
+    offset: usize,
+    probs: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    super::rows::weighted_sum::<Avx512>(rows, offset, probs, scale, out)
 }

@@ -24,6 +24,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod packed;
+mod rows;
 mod scalar;
 mod tile;
 
@@ -299,6 +300,26 @@ impl PackedMatrix {
             .into_par_iter()
             .for_each(|range| self.gemm_panels_with(isa, x, rows, range, &sink));
         y
+    }
+}
+
+/// `out[d] += Σ_j (probs[j] · scale) · rows[j][offset + d]` on the active variant: each
+/// lane summed in `j` order from zero, a product then a sum per step (attention's
+/// weighted sum of values; the same result on every variant).
+///
+/// # Panics
+/// If `rows` and `probs` differ in length or a row is shorter than
+/// `offset + out.len()`.
+pub fn weighted_sum(rows: &[&[f32]], offset: usize, probs: &[f32], scale: f32, out: &mut [f32]) {
+    match Isa::active() {
+        // SAFETY: `Isa::active` only returns variants the CPU runs; bounds are
+        // asserted inside.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { avx512::weighted_sum(rows, offset, probs, scale, out) },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => unsafe { avx2::weighted_sum(rows, offset, probs, scale, out) },
+        // SAFETY: bounds asserted inside; no instruction-set requirement.
+        _ => unsafe { scalar::weighted_sum(rows, offset, probs, scale, out) },
     }
 }
 

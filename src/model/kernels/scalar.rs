@@ -39,6 +39,10 @@ impl Lanes for Scalar {
         std::array::from_fn(|l| a[l].mul_add(b[l], c[l]))
     }
     #[inline(always)]
+    unsafe fn mul_add_twice(a: V, b: V, c: V) -> V {
+        std::array::from_fn(|l| a[l] * b[l] + c[l])
+    }
+    #[inline(always)]
     unsafe fn widen_bf16(at: *const u16) -> V {
         std::array::from_fn(|l| bf16::from_bits(*at.add(l)).to_f32())
     }
@@ -76,4 +80,16 @@ pub(super) unsafe fn gemm(
     sink: &dyn TileSink,
 ) {
     tile_gemm::<Scalar>(m, x, rows, panels, sink)
+}
+
+/// # Safety
+/// As [`super::rows::weighted_sum`].
+pub(super) unsafe fn weighted_sum(
+    rows: &[&[f32]],
+    offset: usize,
+    probs: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    super::rows::weighted_sum::<Scalar>(rows, offset, probs, scale, out)
 }

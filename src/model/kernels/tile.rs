@@ -27,6 +27,8 @@ pub(super) trait Lanes {
     unsafe fn splat(x: f32) -> Self::V;
     /// `a · b + c`, rounded once.
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a · b + c`, rounded twice (product, then sum).
+    unsafe fn mul_add_twice(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     unsafe fn widen_bf16(at: *const u16) -> Self::V;
     unsafe fn widen_f16(at: *const u16) -> Self::V;
     /// Sixteen bytes of Q4 nibble pairs as the weights at `k` (low) and `k + 1` (high):
