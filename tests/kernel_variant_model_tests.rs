@@ -2,7 +2,8 @@
 //! models: the logits oracle against candle-transformers (1e-3, as in
 //! `model_oracle_tests`), zero-tolerance batch invariance of the forward, and identical
 //! logits across variants. Dense weights get the same batch-invariance check on HF
-//! safetensors models in f32 and bf16.
+//! safetensors models in f32 and bf16, and the default model served dense in f32
+//! (`LoadedModel::with_dense_weights`) gives bit-identically the Q4 model's logits.
 //!
 //! The variant is a process-wide setting, so everything runs in one test function
 //! (no other test in this binary can run a forward meanwhile).
@@ -12,7 +13,7 @@ mod common;
 use candle_core::{DType, Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use common::tiny::{Flavour, TinyModel};
-use treegrpo::model::kernels::Isa;
+use treegrpo::model::kernels::{Isa, WeightFormat};
 use treegrpo::model::{
     BatchSeq, ChatMessage, DenseKvStore, ForwardBatch, LoadedModel, LogitsWanted,
 };
@@ -116,6 +117,12 @@ fn every_kernel_variant_passes_the_oracle_and_batch_invariance() {
         .chat_prompt(&[ChatMessage::new("user", "What is the capital of France?")])
         .unwrap();
     let oracle = candle_logits(&path, &tokens);
+    // The same model served dense (as a trainer's weights are): f32 holds exactly the
+    // values the Q4 kernel multiplies by, so its logits must be bit-identical.
+    let dense_f32 = LoadedModel::load(&path)
+        .unwrap()
+        .with_dense_weights(WeightFormat::F32)
+        .unwrap();
 
     let tmp = tempfile::tempdir().unwrap();
     let tiny = TinyModel::new(Flavour::Qwen2, 5);
@@ -139,6 +146,15 @@ fn every_kernel_variant_passes_the_oracle_and_batch_invariance() {
             .map(|(a, b)| common::max_abs_diff(a, b))
             .fold(0f32, f32::max);
         eprintln!("{isa:?}: worst |Δlogit| vs candle = {worst:.6}");
+        let served_dense = assert_batch_invariant(
+            &dense_f32,
+            &tokens,
+            &format!("{isa:?} dense f32 default model"),
+        );
+        assert!(
+            served_dense == ours,
+            "{isa:?}: dense f32 copy differs from the Q4 model"
+        );
         assert!(
             worst <= 1e-3,
             "{isa:?}: |Δlogit| {worst} vs candle-transformers"

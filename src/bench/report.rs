@@ -13,8 +13,12 @@ pub struct MachineInfo {
     /// Logical CPUs the process may use.
     pub threads: usize,
     pub os: String,
-    /// Threads our kernels run on (rayon's pool).
+    /// Threads rayon's pool has (the trainer's and standalone matmuls).
     pub rayon_threads: usize,
+    /// Members of the forward's thread team (`TREEGRPO_THREADS`).
+    pub forward_threads: usize,
+    /// The kernel variant every matmul ran on (`avx512`, `avx2` or `scalar`).
+    pub kernel: String,
 }
 
 /// Reads the CPU model from `/proc/cpuinfo` (Linux) and the thread counts.
@@ -33,6 +37,8 @@ pub fn machine_info() -> MachineInfo {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
         rayon_threads: rayon::current_num_threads(),
+        forward_threads: crate::model::team::global().size(),
+        kernel: crate::model::kernels::Isa::active().name().to_string(),
     }
 }
 
@@ -41,6 +47,8 @@ pub fn machine_info() -> MachineInfo {
 pub struct BenchReport {
     pub machine: MachineInfo,
     pub model: String,
+    /// `native`, `f32` or `bf16`: the weights the engine served (`--weights`).
+    pub weights: String,
     pub task: String,
     pub settings: BenchSettings,
     pub runs: Vec<BenchRun>,

@@ -59,9 +59,35 @@ pub struct BenchArgs {
     /// Most prompts grown at once (0: all).
     #[arg(long, default_value_t = 16)]
     pub concurrent_prompts: usize,
+    /// Weights the engine serves: `native` (as the file stores them), or every
+    /// linear layer held dense as `f32` (exactly the file's values) or `bf16` (what a
+    /// trainer's weights are served as).
+    #[arg(long, default_value = "native")]
+    pub weights: ServedWeights,
     /// Print JSON instead of the markdown table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--weights`: the file's own format, or dense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServedWeights {
+    Native,
+    F32,
+    Bf16,
+}
+
+impl ServedWeights {
+    /// Loads `path` and converts its layers as asked.
+    pub fn load(self, path: &std::path::Path) -> anyhow::Result<treegrpo::model::LoadedModel> {
+        use treegrpo::model::kernels::WeightFormat;
+        let model = treegrpo::model::LoadedModel::load(path)?;
+        Ok(match self {
+            ServedWeights::Native => model,
+            ServedWeights::F32 => model.with_dense_weights(WeightFormat::F32)?,
+            ServedWeights::Bf16 => model.with_dense_weights(WeightFormat::Bf16)?,
+        })
+    }
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -69,7 +95,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let model_path = treegrpo::model::fetch::model_path_or_default(a.model.as_deref(), &mut |m| {
         eprintln!("{m}")
     })?;
-    let model = Arc::new(treegrpo::model::LoadedModel::load(&model_path)?);
+    let model = Arc::new(a.weights.load(&model_path)?);
     let data = TaskData::from_option(a.data.clone());
     let (env, samples) = a.task.setup(&data, a.turns, a.prompts)?;
     let settings = BenchSettings {
@@ -102,6 +128,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let mut report = BenchReport {
         machine: machine_info(),
         model: model_path.display().to_string(),
+        weights: format!("{:?}", a.weights).to_lowercase(),
         task: format!("{:?}", a.task),
         settings,
         runs: Vec::new(),

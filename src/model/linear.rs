@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 
 use super::error::ModelError;
-use super::kernels::{Epilogue, PackedMatrix};
+use super::kernels::{Epilogue, PackedMatrix, WeightFormat};
 use super::team::{Member, SharedBuf};
 
 /// `y = x · Wᵀ + b` for `x: [rows, in]`, `W: [out, in]`, on plain f32 slices.
@@ -102,6 +102,30 @@ impl Linear {
                 Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
             }
         }
+    }
+
+    /// A copy of the layer with its weights held dense in `format` (f32 exactly as
+    /// [`Self::dense_weight`]; bf16 rounded to nearest), bias kept. This is how the
+    /// engine serves weights the trainer holds (dense) rather than the file's blocks.
+    pub fn to_dense(&self, format: WeightFormat) -> Result<Linear, ModelError> {
+        let w = self.dense_weight()?;
+        let (out, inp) = (self.out_features, self.in_features);
+        let packed = match format {
+            WeightFormat::Bf16 => {
+                let b: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+                PackedMatrix::from_bf16(out, inp, &b)?
+            }
+            WeightFormat::F16 => {
+                let h: Vec<f16> = w.iter().map(|&v| f16::from_f32(v)).collect();
+                PackedMatrix::from_f16(out, inp, &h)?
+            }
+            _ => PackedMatrix::from_f32(out, inp, &w)?,
+        };
+        let dense = Linear::packed(packed);
+        Ok(match &self.bias {
+            Some(b) => dense.with_bias(b.clone()),
+            None => dense,
+        })
     }
 
     /// Applies the layer to `rows` rows of `x`, returning `[rows, out]` (threads from

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use super::chat::{ChatMessage, ChatTemplate};
 use super::error::ModelError;
 use super::forward::Model;
+use super::kernels::WeightFormat;
 use super::tokenizer::Tokenizer;
 use super::TokenId;
 
@@ -50,6 +51,15 @@ impl LoadedModel {
             chat_template,
             source: path.to_path_buf(),
         })
+    }
+
+    /// The same model with every linear layer held dense in `format` (`F32`: exactly
+    /// the values the quantised kernels multiply by, so logits are unchanged; `Bf16` /
+    /// `F16`: rounded). What the engine serves once a trainer's dense weights replace
+    /// the file's, and how dense decode speed is measured on any model.
+    pub fn with_dense_weights(mut self, format: WeightFormat) -> Result<Self, ModelError> {
+        self.model = Arc::new(self.model.densified(format)?);
+        Ok(self)
     }
 
     /// Renders `messages` with the chat template and tokenises the result, ready for

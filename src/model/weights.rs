@@ -143,3 +143,36 @@ pub(crate) fn build_model(
         lm_head,
     })
 }
+
+impl Model {
+    /// A copy with every linear layer held dense in `format` (see
+    /// [`Linear::to_dense`]); norms, embedding and RoPE are shared values, copied.
+    pub fn densified(&self, format: super::kernels::WeightFormat) -> Result<Model, ModelError> {
+        let d = |l: &Linear| l.to_dense(format);
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(Layer {
+                    attn_norm: l.attn_norm.clone(),
+                    q: d(&l.q)?,
+                    k: d(&l.k)?,
+                    v: d(&l.v)?,
+                    o: d(&l.o)?,
+                    ffn_norm: l.ffn_norm.clone(),
+                    gate: d(&l.gate)?,
+                    up: d(&l.up)?,
+                    down: d(&l.down)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(Model {
+            config: self.config.clone(),
+            embedding: self.embedding.clone(),
+            layers,
+            final_norm: self.final_norm.clone(),
+            lm_head: d(&self.lm_head)?,
+            rope: self.rope.clone(),
+        })
+    }
+}
