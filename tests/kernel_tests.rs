@@ -11,7 +11,8 @@
 //!   reproducibility rests on.
 //! - Thread splits: results are the same however the panels are divided.
 //! - Attention's weighted sums of value rows: identical on every variant and to the
-//!   plain loop they replaced. (This test forces variants process-wide; the others
+//!   plain loop they replaced; attention's scores four keys at a time equal the
+//!   fixed-order dot. (These two tests force variants process-wide; the others
 //!   name their variant explicitly, so they are unaffected.)
 
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -269,5 +270,45 @@ fn weighted_sums_of_rows_are_identical_on_every_variant_and_match_the_plain_loop
             assert_eq!(out, expected, "{isa:?} n {n} width {width}");
         }
         Isa::best().force().unwrap();
+    }
+}
+
+#[test]
+fn attention_scores_four_keys_at_a_time_equal_the_fixed_order_dot() {
+    use treegrpo::model::kernels::{dot_fixed, dot_rows};
+    let mut rng = Lcg(23);
+    for (n, dim, offset) in [
+        (1, 64, 0),
+        (4, 64, 64),
+        (37, 64, 128),
+        (9, 128, 0),
+        (6, 40, 8),
+    ] {
+        let q = rng.vec(dim);
+        let rows_data: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(offset + dim + 3)).collect();
+        let rows: Vec<&[f32]> = rows_data.iter().map(|r| &r[..]).collect();
+        let expected: Vec<f32> = rows
+            .iter()
+            .map(|r| dot_fixed(&q, &r[offset..offset + dim]))
+            .collect();
+        for isa in variants() {
+            isa.force().unwrap();
+            let mut out = vec![0f32; n];
+            dot_rows(&q, &rows, offset, &mut out);
+            assert_eq!(out, expected, "{isa:?} n {n} dim {dim}");
+        }
+        Isa::best().force().unwrap();
+        // And the fixed order is a dot product (within f32 rounding of an f64 one).
+        for (r, e) in rows.iter().zip(&expected) {
+            let exact: f64 = q
+                .iter()
+                .zip(&r[offset..])
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum();
+            assert!(
+                (*e as f64 - exact).abs() <= 1e-5 * dim as f64,
+                "{e} vs {exact}"
+            );
+        }
     }
 }

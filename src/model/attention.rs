@@ -6,7 +6,7 @@
 //! per block, a dense one a single run, and the kernel never concatenates a cache.
 
 use super::error::ModelError;
-use super::kernels::weighted_sum;
+use super::kernels::{dot_rows, weighted_sum};
 
 /// A contiguous run of cached positions: `rows` keys and values, each `kv_dim` wide
 /// (all KV heads of one position side by side).
@@ -120,19 +120,28 @@ impl<'a> AttentionPlan<'a> {
         // The group's query heads are adjacent: heads kv_head·group ..
         let qs = &q[row * q_dim + kv_head * group * head_dim..][..group * head_dim];
         let n = position + 1;
-        // scores[h * n + j]: head h of the group against position j.
-        let mut scores = vec![0f32; group * n];
-        let mut j = 0;
+        // The keys' and values' rows, once for the whole group.
+        let mut k_rows: Vec<&[f32]> = Vec::with_capacity(n);
+        let mut v_rows: Vec<&[f32]> = Vec::with_capacity(n);
         'runs: for chunk in &self.seq_chunks[s] {
-            for k_row in chunk.keys.chunks_exact(kv_dim) {
-                if j == n {
+            for (k_row, v_row) in chunk
+                .keys
+                .chunks_exact(kv_dim)
+                .zip(chunk.values.chunks_exact(kv_dim))
+            {
+                if k_rows.len() == n {
                     break 'runs;
                 }
-                let k_h = &k_row[kv_head * head_dim..][..head_dim];
-                for (h, q_h) in qs.chunks_exact(head_dim).enumerate() {
-                    scores[h * n + j] = dot(q_h, k_h) * scale;
-                }
-                j += 1;
+                k_rows.push(k_row);
+                v_rows.push(v_row);
+            }
+        }
+        // scores[h * n + j]: head h of the group against position j.
+        let mut scores = vec![0f32; group * n];
+        for (q_h, sc) in qs.chunks_exact(head_dim).zip(scores.chunks_exact_mut(n)) {
+            dot_rows(q_h, &k_rows, kv_head * head_dim, sc);
+            for v in sc.iter_mut() {
+                *v *= scale;
             }
         }
         let mut inv = vec![0f32; group];
@@ -145,50 +154,11 @@ impl<'a> AttentionPlan<'a> {
             }
             inv[h] = 1.0 / denom;
         }
-        // The values' rows, once for the whole group.
-        let mut v_rows: Vec<&[f32]> = Vec::with_capacity(n);
-        'vals: for chunk in &self.seq_chunks[s] {
-            for v_row in chunk.values.chunks_exact(kv_dim) {
-                if v_rows.len() == n {
-                    break 'vals;
-                }
-                v_rows.push(v_row);
-            }
-        }
         for (h, out_h) in out.chunks_exact_mut(head_dim).enumerate() {
             let probs = &scores[h * n..(h + 1) * n];
             weighted_sum(&v_rows, kv_head * head_dim, probs, inv[h], out_h);
         }
     }
-}
-
-/// A dot product in a fixed order that vectorises: sixteen lane sums over the chunks
-/// of sixteen, a sequential tail, then one fixed pairwise reduction. (A plain iterator
-/// sum is one dependent chain of adds, four cycles per element: at long contexts it
-/// was most of the attention's time.)
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    const L: usize = 16;
-    let mut lanes = [0f32; L];
-    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (xa, xb) in ca.zip(cb) {
-        for l in 0..L {
-            lanes[l] = xa[l].mul_add(xb[l], lanes[l]);
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ta.iter().zip(tb) {
-        tail = x.mul_add(*y, tail);
-    }
-    let mut width = L;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            lanes[l] += lanes[l + width];
-        }
-    }
-    lanes[0] + tail
 }
 
 /// The simplest [`KvStore`]: one growing buffer per sequence and layer. Used by

@@ -124,3 +124,64 @@ pub(super) unsafe fn weighted_sum(
 ) {
     super::rows::weighted_sum::<Avx2>(rows, offset, probs, scale, out)
 }
+
+/// [`super::rows::dot_fixed`] of `q` with `rows[j][offset..]` into `out[j]`, four rows at
+/// a time: the four keys' lane sums are reduced together by shuffles that add exactly
+/// the pairs `dot_fixed` adds, so each result is bit-identical to it.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `q.len()` is a multiple of 16 and every row holds
+/// `offset + q.len()` values; `out.len() == rows.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
+    let chunks = q.len() / 16;
+    let qp = q.as_ptr();
+    let mut j = 0;
+    while j + 4 <= rows.len() {
+        let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr().add(offset));
+        let mut lo = [_mm256_setzero_ps(); 4];
+        let mut hi = [_mm256_setzero_ps(); 4];
+        for c in 0..chunks {
+            let (q0, q1) = (
+                _mm256_loadu_ps(qp.add(16 * c)),
+                _mm256_loadu_ps(qp.add(16 * c + 8)),
+            );
+            for i in 0..4 {
+                lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(p[i].add(16 * c)), lo[i]);
+                hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(p[i].add(16 * c + 8)), hi[i]);
+            }
+        }
+        // 16 → 8: lane l += lane l + 8.
+        let s: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(lo[i], hi[i]));
+        // 8 → 4: [s0 low half + s0 high half | s1 …], and the same for s2, s3.
+        let ab = _mm256_add_ps(
+            _mm256_permute2f128_ps(s[0], s[1], 0x20),
+            _mm256_permute2f128_ps(s[0], s[1], 0x31),
+        );
+        let cd = _mm256_add_ps(
+            _mm256_permute2f128_ps(s[2], s[3], 0x20),
+            _mm256_permute2f128_ps(s[2], s[3], 0x31),
+        );
+        // 4 → 2: per 128-bit half, [x0 + x2, x1 + x3] of ab, then of cd.
+        let y = _mm256_add_ps(
+            _mm256_shuffle_ps(ab, cd, 0b01_00_01_00),
+            _mm256_shuffle_ps(ab, cd, 0b11_10_11_10),
+        );
+        // 2 → 1: [a, c, a, c | b, d, b, d].
+        let z = _mm256_add_ps(
+            _mm256_permute_ps(y, 0b10_00_10_00),
+            _mm256_permute_ps(y, 0b11_01_11_01),
+        );
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), z);
+        // `+ 0.0`: dot_fixed's (empty) tail, which turns a −0 sum into +0 as it does.
+        out[j] = lanes[0] + 0.0;
+        out[j + 1] = lanes[4] + 0.0;
+        out[j + 2] = lanes[1] + 0.0;
+        out[j + 3] = lanes[5] + 0.0;
+        j += 4;
+    }
+    for (o, row) in out[j..].iter_mut().zip(&rows[j..]) {
+        *o = super::rows::dot_fixed(q, &row[offset..offset + q.len()]);
+    }
+}

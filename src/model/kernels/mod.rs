@@ -24,7 +24,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod packed;
-mod rows;
+pub mod rows;
 mod scalar;
 mod tile;
 
@@ -34,6 +34,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use rayon::prelude::*;
 
 pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
+pub use rows::dot_fixed;
 
 /// Most accumulator vectors one tile produces (4 panels × 1 row, or 2 × 8).
 pub(crate) const MAX_TILE: usize = 16;
@@ -320,6 +321,25 @@ pub fn weighted_sum(rows: &[&[f32]], offset: usize, probs: &[f32], scale: f32, o
         Isa::Avx2 => unsafe { avx2::weighted_sum(rows, offset, probs, scale, out) },
         // SAFETY: bounds asserted inside; no instruction-set requirement.
         _ => unsafe { scalar::weighted_sum(rows, offset, probs, scale, out) },
+    }
+}
+
+/// `out[j] = dot_fixed(q, rows[j][offset .. offset + q.len()])` (see
+/// [`rows::dot_fixed`] for the order): attention's scores. Four rows at a time on
+/// AVX2 (and on AVX-512 machines, which have it), bit-identical to the plain loop.
+///
+/// # Panics
+/// If `out` and `rows` differ in length or a row is too short.
+pub fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
+    assert!(out.len() == rows.len() && rows.iter().all(|r| r.len() >= offset + q.len()));
+    #[cfg(target_arch = "x86_64")]
+    if q.len().is_multiple_of(16) && Isa::active() != Isa::Scalar && Isa::Avx2.available() {
+        // SAFETY: AVX2 and FMA are present (checked); shapes asserted above.
+        unsafe { avx2::dot_rows(q, rows, offset, out) };
+        return;
+    }
+    for (o, row) in out.iter_mut().zip(rows) {
+        *o = rows::dot_fixed(q, &row[offset..offset + q.len()]);
     }
 }
 

@@ -1,7 +1,8 @@
-//! Weighted sums of rows — attention's `Σ_j p_j · v_j` — on the same [`Lanes`] as the
-//! matmul, so the sums stay in vector registers (written as plain Rust, LLVM kept
-//! them in memory and in scalar registers, and that loop was most of the rollout's
-//! attention time).
+//! Attention's two row loops: dot products of one query with many key rows
+//! ([`dot_fixed`], and four keys at a time on AVX2 in `avx2.rs`), and weighted sums of
+//! value rows (`Σ_j p_j · v_j`) on the same [`Lanes`] as the matmul, so the sums stay in
+//! vector registers (written as plain Rust, LLVM kept them in memory and in scalar
+//! registers, and that loop was most of the rollout's attention time).
 
 use super::tile::Lanes;
 use super::PANEL;
@@ -68,4 +69,32 @@ unsafe fn add_into<L: Lanes>(at: *mut f32, v: L::V) {
     {
         *o += l;
     }
+}
+
+/// The dot product every variant reproduces: sixteen lane sums (`fma` over the chunks
+/// of sixteen, in order), a sequential `fma` tail, then the lanes halved pairwise
+/// (`l += l + 8`, `+ 4`, `+ 2`, `+ 1`) and the tail added last.
+#[inline]
+pub fn dot_fixed(a: &[f32], b: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut lanes = [0f32; L];
+    let (ca, cb) = (a.chunks_exact(L), b.chunks_exact(L));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (xa, xb) in ca.zip(cb) {
+        for l in 0..L {
+            lanes[l] = xa[l].mul_add(xb[l], lanes[l]);
+        }
+    }
+    let mut tail = 0f32;
+    for (x, y) in ta.iter().zip(tb) {
+        tail = x.mul_add(*y, tail);
+    }
+    let mut width = L;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    lanes[0] + tail
 }
