@@ -198,6 +198,9 @@ fn tree_rollouts_compute_no_token_twice_and_have_one_plus_nl_leaves() {
         assert_eq!(leaves, 1 + n * l, "tree {}", t["tree_id"]);
     }
     assert_eq!(s.rollouts, 12);
+    // The summary's throughput is its computed tokens over its wall time.
+    let implied = s.computed_tokens_per_second * s.wall_seconds;
+    assert!((implied - s.tokens.computed as f64).abs() <= 1e-6 * s.tokens.computed as f64 + 1e-6);
     let lines = std::fs::read_to_string(dir.path().join("trajectories.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 12);
 

@@ -222,10 +222,10 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
 
 pub fn print_summary(s: &RunSummary) {
     let t = &s.tokens;
-    println!("| prompts | rollouts | mean reward | prompt prefilled | obs prefilled | decoded | reused | recomputed | preemptions (tokens recomputed) | computed / rollout | tool calls | wall s |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| prompts | rollouts | mean reward | prompt prefilled | obs prefilled | decoded | reused | recomputed | preemptions (tokens recomputed) | computed / rollout | tool calls | wall s | computed tok/s |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {} | {:.3} | {} | {} | {} | {} | {} | {} ({}) | {:.1} | {} | {:.1} |",
+        "| {} | {} | {:.3} | {} | {} | {} | {} | {} | {} ({}) | {:.1} | {} | {:.1} | {:.0} |",
         s.prompts,
         s.rollouts,
         s.mean_reward,
@@ -238,6 +238,7 @@ pub fn print_summary(s: &RunSummary) {
         t.recomputed_preempted,
         s.tokens_computed_per_rollout,
         s.tool_calls,
-        s.wall_seconds
+        s.wall_seconds,
+        s.computed_tokens_per_second
     );
 }

@@ -120,6 +120,9 @@ pub struct RunSummary {
     /// Totals: the forests' figures plus the run's shared prefix.
     pub tokens: TokenSummary,
     pub tokens_computed_per_rollout: f64,
+    /// Tokens the model computed (prefilled + decoded) per second of wall time: the
+    /// rollout's own throughput, tool waits and scheduling included.
+    pub computed_tokens_per_second: f64,
     pub tool_calls: u64,
     /// Branches that failed (each listed in its forest's `failed_branches`).
     pub failed_branches: usize,
@@ -471,6 +474,7 @@ fn summarize(
         } else {
             tokens.computed as f64 / rollouts as f64
         },
+        computed_tokens_per_second: tokens.computed as f64 / wall_seconds.max(1e-9),
         tool_calls: forests.iter().map(|f| f.tool_calls).sum(),
         failed_branches: forests.iter().map(|f| f.failed_branches.len()).sum(),
         wall_seconds,
