@@ -161,9 +161,10 @@ fn decode(c: &mut Criterion) {
         "kv_fork's shape"
     );
     eprintln!(
-        "decode: {} on {} rayon threads",
+        "decode: {} on {} forward threads, {} kernels",
         path.display(),
-        rayon::current_num_threads()
+        treegrpo::model::team::global().size(),
+        treegrpo::model::kernels::Isa::active().name()
     );
 
     let mut group = c.benchmark_group("engine_decode");
