@@ -3,9 +3,16 @@
 //! thread count or the instruction set.
 //!
 //! - [`packed`]: weights repacked at load into panels of 16 outputs.
-//! - [`tile`]: the one loop every instruction set runs (the order it fixes is there).
-//! - [`avx512`], [`avx2`], [`scalar`]: that loop's sixteen lanes on each instruction
+//! - `tile.rs`: the one loop every instruction set runs (the order it fixes is there).
+//! - `avx512.rs`, `avx2.rs`, `scalar.rs`: that loop's sixteen lanes on each instruction
 //!   set, chosen at run time ([`Isa::active`]), so one binary uses what the CPU has.
+//! - [`rows`]: attention's row loops on the same lanes ([`dot_rows`] for scores,
+//!   [`weighted_sum`] for values), bit-identical on every variant too.
+//!
+//! The crate is still compiled with `+avx2,+fma,+f16c` (`.cargo/config.toml`) because
+//! candle's K-quant kernels choose their code at compile time; our dispatch is what
+//! picks AVX-512 where the CPU has it, and the scalar variant is what the tests
+//! compare the others with.
 //!
 //! Why not candle's: its quantised kernel quantises every activation row to 8 bits
 //! (logits move by about one unit and greedy answers change on the default model) and
