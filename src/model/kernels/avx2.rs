@@ -1,11 +1,8 @@
 //! [`Lanes`] on AVX2 + FMA (+ F16C): two 256-bit registers per panel of 16 outputs.
 
 use std::arch::x86_64::*;
-use std::ops::Range;
 
-use super::packed::PackedMatrix;
-use super::tile::{gemm as tile_gemm, Lanes};
-use super::TileSink;
+use super::tile::Lanes;
 
 pub(super) struct Avx2;
 
@@ -98,33 +95,6 @@ impl Lanes for Avx2 {
     }
 }
 
-/// # Safety
-/// The CPU must support AVX2, FMA and F16C (see [`super::Isa::available`]); bounds are
-/// checked by [`tile_gemm`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn gemm(
-    m: &PackedMatrix,
-    x: &[f32],
-    rows: usize,
-    panels: Range<usize>,
-    sink: &dyn TileSink,
-) {
-    tile_gemm::<Avx2>(m, x, rows, panels, sink)
-}
-
-/// # Safety
-/// As [`super::rows::weighted_sum`], on a CPU with avx2,fma,f16c.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn weighted_sum(
-    rows: &[&[f32]],
-    offset: usize,
-    probs: &[f32],
-    scale: f32,
-    out: &mut [f32],
-) {
-    super::rows::weighted_sum::<Avx2>(rows, offset, probs, scale, out)
-}
-
 /// [`super::rows::dot_fixed`] of `q` with `rows[j][offset..]` into `out[j]`, four rows at
 /// a time: the four keys' lane sums are reduced together by shuffles that add exactly
 /// the pairs `dot_fixed` adds, so each result is bit-identical to it.
@@ -185,3 +155,5 @@ pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &m
         *o = super::rows::dot_fixed(q, &row[offset..offset + q.len()]);
     }
 }
+
+super::tile::entry_points!(Avx2, "avx2,fma,f16c");

@@ -1,11 +1,8 @@
 //! [`Lanes`] on AVX-512F: one 512-bit register per panel of 16 outputs.
 
 use std::arch::x86_64::*;
-use std::ops::Range;
 
-use super::packed::PackedMatrix;
-use super::tile::{gemm as tile_gemm, Lanes};
-use super::TileSink;
+use super::tile::Lanes;
 
 pub(super) struct Avx512;
 
@@ -71,29 +68,4 @@ impl Lanes for Avx512 {
     }
 }
 
-/// # Safety
-/// The CPU must support AVX-512F (see [`super::Isa::available`]); bounds are checked by
-/// [`tile_gemm`].
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn gemm(
-    m: &PackedMatrix,
-    x: &[f32],
-    rows: usize,
-    panels: Range<usize>,
-    sink: &dyn TileSink,
-) {
-    tile_gemm::<Avx512>(m, x, rows, panels, sink)
-}
-
-/// # Safety
-/// As [`super::rows::weighted_sum`], on a CPU with avx512f.
-#[target_feature(enable = "avx512f")]
-pub(super) unsafe fn weighted_sum(
-    rows: &[&[f32]],
-    offset: usize,
-    probs: &[f32],
-    scale: f32,
-    out: &mut [f32],
-) {
-    super::rows::weighted_sum::<Avx512>(rows, offset, probs, scale, out)
-}
+super::tile::entry_points!(Avx512, "avx512f");

@@ -2,13 +2,9 @@
 //! fallback for CPUs without AVX2, and the plainest statement of the arithmetic the
 //! vector kernels must reproduce bit for bit.
 
-use std::ops::Range;
-
 use half::{bf16, f16};
 
-use super::packed::PackedMatrix;
-use super::tile::{gemm as tile_gemm, Lanes};
-use super::TileSink;
+use super::tile::Lanes;
 
 pub(super) struct Scalar;
 
@@ -70,26 +66,4 @@ impl Lanes for Scalar {
     }
 }
 
-/// # Safety
-/// Bounds are checked by [`tile_gemm`]; no instruction-set requirement.
-pub(super) unsafe fn gemm(
-    m: &PackedMatrix,
-    x: &[f32],
-    rows: usize,
-    panels: Range<usize>,
-    sink: &dyn TileSink,
-) {
-    tile_gemm::<Scalar>(m, x, rows, panels, sink)
-}
-
-/// # Safety
-/// As [`super::rows::weighted_sum`].
-pub(super) unsafe fn weighted_sum(
-    rows: &[&[f32]],
-    offset: usize,
-    probs: &[f32],
-    scale: f32,
-    out: &mut [f32],
-) {
-    super::rows::weighted_sum::<Scalar>(rows, offset, probs, scale, out)
-}
+super::tile::entry_points!(Scalar);

@@ -42,6 +42,44 @@ pub(super) trait Lanes {
     unsafe fn q8(at: *const u8, d: Self::V) -> Self::V;
 }
 
+/// The entry points of one instruction set: [`gemm`] and `rows::weighted_sum` on its
+/// [`Lanes`], compiled with its target features (given as a string, none for scalar)
+/// so the generic code inlines into them with those instructions enabled.
+///
+/// Each generated function is `unsafe`: the CPU must run the features (see
+/// `Isa::available`); the bounds are asserted inside the generic code.
+macro_rules! entry_points {
+    ($lanes:ty $(, $feature:literal)?) => {
+        /// # Safety
+        /// The CPU runs this instruction set; bounds are asserted by `tile::gemm`.
+        $(#[target_feature(enable = $feature)])?
+        pub(super) unsafe fn gemm(
+            m: &super::packed::PackedMatrix,
+            x: &[f32],
+            rows: usize,
+            panels: std::ops::Range<usize>,
+            sink: &dyn super::TileSink,
+        ) {
+            super::tile::gemm::<$lanes>(m, x, rows, panels, sink)
+        }
+
+        /// # Safety
+        /// The CPU runs this instruction set; bounds are asserted by
+        /// `rows::weighted_sum`.
+        $(#[target_feature(enable = $feature)])?
+        pub(super) unsafe fn weighted_sum(
+            rows: &[&[f32]],
+            offset: usize,
+            probs: &[f32],
+            scale: f32,
+            out: &mut [f32],
+        ) {
+            super::rows::weighted_sum::<$lanes>(rows, offset, probs, scale, out)
+        }
+    };
+}
+pub(super) use entry_points;
+
 /// Reads a panel's weights as f32 vectors; `Consts` is what a block shares (scales).
 trait Source<L: Lanes> {
     type Consts: Copy;
