@@ -10,8 +10,8 @@
 
 mod common;
 
-use candle_core::{DType, Device, Tensor};
-use candle_transformers::models::quantized_llama::ModelWeights;
+use candle_core::DType;
+use common::oracle::{candle_logits, candle_model};
 use common::tiny::{Flavour, TinyModel};
 use treegrpo::model::kernels::{Isa, WeightFormat};
 use treegrpo::model::{
@@ -85,38 +85,14 @@ fn assert_batch_invariant(m: &LoadedModel, a: &[u32], what: &str) -> Vec<Vec<f32
     alone.into_iter().next().unwrap()
 }
 
-fn candle_logits(path: &std::path::Path, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let mut file = std::fs::File::open(path).unwrap();
-    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
-    let mut m = ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap();
-    tokens
-        .iter()
-        .enumerate()
-        .map(|(pos, &t)| {
-            let x = Tensor::new(&[t], &Device::Cpu)
-                .unwrap()
-                .unsqueeze(0)
-                .unwrap();
-            m.forward(&x, pos)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap()
-        })
-        .collect()
-}
-
 #[test]
 fn every_kernel_variant_passes_the_oracle_and_batch_invariance() {
-    // candle's f32 mode (see model_oracle_tests); set before anything reads it.
-    std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
     let path = common::default_model();
     let model = LoadedModel::load(&path).unwrap();
     let tokens = model
         .chat_prompt(&[ChatMessage::new("user", "What is the capital of France?")])
         .unwrap();
-    let oracle = candle_logits(&path, &tokens);
+    let oracle = candle_logits(&mut candle_model(&path), &tokens);
     // The same model served dense (as a trainer's weights are): f32 holds exactly the
     // values the Q4 kernel multiplies by, so its logits must be bit-identical.
     let dense_f32 = LoadedModel::load(&path)

@@ -15,8 +15,9 @@
 
 mod common;
 
+use common::oracle::{candle_logits, candle_model, dequantize_all_in_candle};
+
 use candle_core::{Device, Tensor};
-use candle_transformers::models::quantized_llama::ModelWeights;
 use treegrpo::model::{
     BatchSeq, ChatMessage, DenseKvStore, ForwardBatch, LoadedModel, LogitsWanted,
 };
@@ -27,39 +28,6 @@ const PROMPTS: [&str; 3] = [
     "List three prime numbers greater than 10, separated by commas.",
 ];
 const TOLERANCE: f32 = 1e-3;
-
-/// Sets `CANDLE_DEQUANTIZE_ALL` once for this test binary. Changing the environment
-/// while another thread reads it is a data race, so every test calls this first,
-/// before it starts anything that could read the environment; the `Once` makes the
-/// other test wait until the one write is done.
-fn dequantize_all_in_candle() {
-    static SET: std::sync::Once = std::sync::Once::new();
-    SET.call_once(|| std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1"));
-}
-
-fn candle_model(path: &std::path::Path) -> ModelWeights {
-    // Read when candle first builds a QMatMul; set (once) before loading.
-    dequantize_all_in_candle();
-    let mut file = std::fs::File::open(path).unwrap();
-    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
-    ModelWeights::from_gguf(content, &mut file, &Device::Cpu).unwrap()
-}
-
-/// candle's logits at every position, feeding one token at a time.
-fn candle_logits(m: &mut ModelWeights, tokens: &[u32]) -> Vec<Vec<f32>> {
-    tokens
-        .iter()
-        .enumerate()
-        .map(|(pos, &t)| {
-            let x = Tensor::new(&[t], &Device::Cpu)
-                .unwrap()
-                .unsqueeze(0)
-                .unwrap();
-            let l = m.forward(&x, pos).unwrap();
-            l.flatten_all().unwrap().to_vec1::<f32>().unwrap()
-        })
-        .collect()
-}
 
 fn our_logits(m: &LoadedModel, tokens: &[u32]) -> Vec<Vec<f32>> {
     let cfg = m.model.config();
