@@ -54,20 +54,26 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
+/// One sequence's cached key rows and value rows, in position order.
+type SeqRows<'a> = (Vec<&'a [f32]>, Vec<&'a [f32]>);
+
 /// One layer's attention for a whole batch, planned once: each new token's sequence
-/// and position, and each sequence's KV runs, looked up before the work is split.
+/// and position, and each sequence's key and value rows, flattened from the store's
+/// runs before the work is split (not once per item).
 ///
 /// The work is one item per (token, KV head): the query heads that share a KV head
-/// (grouped-query attention) are computed in one pass over its keys and values, so
-/// the cache is read once per group rather than once per query head (at rollout
-/// contexts the cache does not fit in L2 and attention is bound by that read). Each
-/// (token, head) output is still its own fixed sequential loop over positions, the
-/// same whichever item, batch or thread computes it.
+/// (grouped-query attention) are computed one after the other by the same thread, so
+/// their KV head's rows are read from memory once and from cache for the others (at
+/// rollout contexts a sequence's cache does not fit in L2). Each (token, head) output
+/// is still its own fixed sequential loop over positions, the same whichever item,
+/// batch or thread computes it.
 pub struct AttentionPlan<'a> {
     shape: AttentionShape,
-    /// Per new token: its sequence (index into `seq_chunks`) and position.
+    /// Per new token: its sequence (index into `seq_rows`) and position.
     row_info: Vec<(usize, usize)>,
-    seq_chunks: Vec<Vec<KvChunk<'a>>>,
+    /// Per sequence: its cached positions' key rows and value rows (`kv_dim` wide), in
+    /// order, flattened from the store's runs once per layer rather than per item.
+    seq_rows: Vec<SeqRows<'a>>,
 }
 
 impl<'a> AttentionPlan<'a> {
@@ -78,9 +84,22 @@ impl<'a> AttentionPlan<'a> {
         shape: AttentionShape,
     ) -> Self {
         let mut row_info = Vec::new();
-        let mut seq_chunks = Vec::with_capacity(spans.len());
+        let kv_dim = shape.num_kv_heads * shape.head_dim;
+        let mut seq_rows = Vec::with_capacity(spans.len());
         for (s, span) in spans.iter().enumerate() {
-            seq_chunks.push(store.chunks(layer, span.slot, span.start + span.len));
+            let len = span.start + span.len;
+            let (mut keys, mut values) = (Vec::with_capacity(len), Vec::with_capacity(len));
+            for chunk in store.chunks(layer, span.slot, len) {
+                let rows = chunk
+                    .keys
+                    .chunks_exact(kv_dim)
+                    .zip(chunk.values.chunks_exact(kv_dim));
+                for (k, v) in rows.take(len - keys.len()) {
+                    keys.push(k);
+                    values.push(v);
+                }
+            }
+            seq_rows.push((keys, values));
             for i in 0..span.len {
                 row_info.push((s, span.start + i));
             }
@@ -88,7 +107,7 @@ impl<'a> AttentionPlan<'a> {
         AttentionPlan {
             shape,
             row_info,
-            seq_chunks,
+            seq_rows,
         }
     }
 
@@ -112,7 +131,7 @@ impl<'a> AttentionPlan<'a> {
             num_kv_heads,
             head_dim,
         } = self.shape;
-        let (q_dim, kv_dim) = (num_heads * head_dim, num_kv_heads * head_dim);
+        let q_dim = num_heads * head_dim;
         let group = num_heads / num_kv_heads;
         let scale = 1.0 / (head_dim as f32).sqrt();
         let (row, kv_head) = (idx / num_kv_heads, idx % num_kv_heads);
@@ -120,26 +139,12 @@ impl<'a> AttentionPlan<'a> {
         // The group's query heads are adjacent: heads kv_head·group ..
         let qs = &q[row * q_dim + kv_head * group * head_dim..][..group * head_dim];
         let n = position + 1;
-        // The keys' and values' rows, once for the whole group.
-        let mut k_rows: Vec<&[f32]> = Vec::with_capacity(n);
-        let mut v_rows: Vec<&[f32]> = Vec::with_capacity(n);
-        'runs: for chunk in &self.seq_chunks[s] {
-            for (k_row, v_row) in chunk
-                .keys
-                .chunks_exact(kv_dim)
-                .zip(chunk.values.chunks_exact(kv_dim))
-            {
-                if k_rows.len() == n {
-                    break 'runs;
-                }
-                k_rows.push(k_row);
-                v_rows.push(v_row);
-            }
-        }
+        let (k_rows, v_rows) = &self.seq_rows[s];
+        let (k_rows, v_rows) = (&k_rows[..n], &v_rows[..n]);
         // scores[h * n + j]: head h of the group against position j.
         let mut scores = vec![0f32; group * n];
         for (q_h, sc) in qs.chunks_exact(head_dim).zip(scores.chunks_exact_mut(n)) {
-            dot_rows(q_h, &k_rows, kv_head * head_dim, sc);
+            dot_rows(q_h, k_rows, kv_head * head_dim, sc);
             for v in sc.iter_mut() {
                 *v *= scale;
             }
@@ -156,7 +161,7 @@ impl<'a> AttentionPlan<'a> {
         }
         for (h, out_h) in out.chunks_exact_mut(head_dim).enumerate() {
             let probs = &scores[h * n..(h + 1) * n];
-            weighted_sum(&v_rows, kv_head * head_dim, probs, inv[h], out_h);
+            weighted_sum(v_rows, kv_head * head_dim, probs, inv[h], out_h);
         }
     }
 }

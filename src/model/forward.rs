@@ -22,7 +22,7 @@ use super::error::ModelError;
 use super::kernels::Epilogue;
 use super::linear::Linear;
 use super::ops::{rms_norm, rms_norm_into, swiglu, Rope};
-use super::team::{self, SharedBuf};
+use super::team::{self, Member, SharedBuf};
 use super::TokenId;
 
 /// Which positions of a sequence's new tokens need logits.
@@ -164,19 +164,10 @@ impl Model {
                     SharedBuf::new(&mut v),
                 );
                 team.run(|m| {
-                    let mine = m.share(rows);
                     // SAFETY (every `get`/`get_mut` below): a member writes only its
                     // own rows (`mine`) or, in a projection, its own columns, and
                     // reads what others wrote only after the barrier that follows.
-                    unsafe {
-                        let span = mine.start * hidden..mine.end * hidden;
-                        rms_norm_into(
-                            xs.get(span.clone()),
-                            &layer.attn_norm,
-                            eps,
-                            hs.get_mut(span),
-                        );
-                    }
+                    let mine = unsafe { norm_share(m, &xs, &hs, &layer.attn_norm, eps) };
                     m.barrier();
                     let h_all = unsafe { hs.all() };
                     failure.note(layer.q.forward_share(m, h_all, rows, &qs, Epilogue::Store));
@@ -232,11 +223,7 @@ impl Model {
                         Epilogue::Accumulate,
                     ));
                     m.barrier();
-                    let mine = m.share(rows);
-                    unsafe {
-                        let span = mine.start * hidden..mine.end * hidden;
-                        rms_norm_into(xs.get(span.clone()), &layer.ffn_norm, eps, hs.get_mut(span));
-                    }
+                    unsafe { norm_share(m, &xs, &hs, &layer.ffn_norm, eps) };
                     m.barrier();
                     let h_all = unsafe { hs.all() };
                     failure.note(
@@ -313,6 +300,26 @@ impl Model {
         }
         Ok(out)
     }
+}
+
+/// This member's share of the rows of `x` (`[rows, weight.len()]`), RMS-normalised
+/// into the same rows of `h`; returns the rows it took.
+///
+/// # Safety
+/// Every member of the run calls it at once (disjoint shares), and nobody reads those
+/// rows of `h` or writes those of `x` until the next barrier.
+unsafe fn norm_share(
+    m: &Member,
+    x: &SharedBuf,
+    h: &SharedBuf,
+    weight: &[f32],
+    eps: f64,
+) -> std::ops::Range<usize> {
+    let width = weight.len();
+    let mine = m.share(x.len() / width);
+    let span = mine.start * width..mine.end * width;
+    rms_norm_into(x.get(span.clone()), weight, eps, h.get_mut(span));
+    mine
 }
 
 /// The first error any member of a run hit (only candle-kernel layers can fail).

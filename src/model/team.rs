@@ -321,6 +321,15 @@ impl<'a> SharedBuf<'a> {
         std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len())
     }
 
+    /// Values in the buffer.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// A kernel sink over the buffer, `[rows, width]`, columns past `cols` dropped.
     ///
     /// # Safety
