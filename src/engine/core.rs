@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kv::{KvCache, KvConfig, PinId, SeqId};
-use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, TokenId};
+use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, Model, TokenId};
 
 use super::counters::{EngineCounters, EngineStats, SeqUsage};
 use super::error::EngineError;
@@ -82,6 +82,8 @@ pub struct Generation {
     /// Natural-log probability of each token under the sampling distribution.
     pub logprobs: Vec<f32>,
     pub stop: StopReason,
+    /// The weights every token of it was sampled under (see [`super::weights`]).
+    pub weight_version: super::WeightVersion,
 }
 
 #[derive(Debug)]
@@ -139,7 +141,12 @@ impl SeqState {
 
 /// The engine's state: model, KV cache, sequences and counters.
 pub struct EngineCore {
+    /// Tokenizer, chat template and the config; its `model` is the weights the engine
+    /// started with, which a swap replaces in `weights`.
     pub(super) model: Arc<LoadedModel>,
+    /// The weights every forward runs.
+    pub(super) weights: Arc<Model>,
+    pub(super) weight_version: super::WeightVersion,
     pub(super) kv: KvCache,
     pub(super) config: EngineConfig,
     pub(super) seqs: BTreeMap<SeqId, SeqState>,
@@ -164,6 +171,8 @@ impl EngineCore {
             model.model.config(),
         )?;
         Ok(EngineCore {
+            weights: model.model.clone(),
+            weight_version: 0,
             model,
             kv,
             config,
@@ -185,6 +194,7 @@ impl EngineCore {
         EngineStats {
             counters: self.counters,
             kv: self.kv.stats(),
+            weight_version: self.weight_version,
         }
     }
 
@@ -369,7 +379,7 @@ impl EngineCore {
                 logits: LogitsWanted::All,
             }],
         };
-        let out = match self.model.model.forward(&batch, &mut self.kv) {
+        let out = match self.weights.forward(&batch, &mut self.kv) {
             Ok(out) => out,
             Err(e) => {
                 self.kv.truncate(seq, start)?;

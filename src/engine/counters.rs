@@ -19,13 +19,21 @@ pub struct EngineCounters {
     pub reused_prefix_cache: u64,
     /// Tokens a fork inherited from its parent without recomputing them.
     pub reused_fork: u64,
-    /// Rows computed again for sequences that were preempted under memory pressure
-    /// (their KV was dropped and later recomputed from their tokens).
+    /// Rows computed again for sequences whose KV was dropped, by a preemption under
+    /// memory pressure or as stale after a weight swap, and later recomputed from
+    /// their tokens.
     #[serde(default)]
     pub recomputed_preempted: u64,
     /// Times a sequence's KV was dropped to make room for another's.
     #[serde(default)]
     pub preemptions: u64,
+    /// Times a live sequence's KV was dropped as stale by a weight swap (its rows
+    /// are recomputed under the new weights, counted in `recomputed_preempted`).
+    #[serde(default)]
+    pub stale_drops: u64,
+    /// Weight swaps applied.
+    #[serde(default)]
+    pub weight_swaps: u64,
     /// Forward passes run.
     pub steps: u64,
     /// Most bytes of KV blocks in use at once.
@@ -90,4 +98,6 @@ impl SeqUsage {
 pub struct EngineStats {
     pub counters: EngineCounters,
     pub kv: KvStats,
+    /// The version of the weights served now (0: those the engine started with).
+    pub weight_version: super::WeightVersion,
 }

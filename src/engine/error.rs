@@ -45,6 +45,15 @@ pub enum EngineError {
     /// waiting caller gets it.
     #[error("engine step failed")]
     Step(#[source] Arc<EngineError>),
+    /// The offered weights do not fit the served model's KV cache and tokenizer.
+    #[error("the new weights' {field} differs from the served model's")]
+    WeightShape { field: &'static str },
+    /// A swap was asked of the core while a generation or prefill runs (the engine
+    /// thread waits for them instead).
+    #[error("weights cannot be swapped while a generation or prefill is in flight")]
+    SwapInFlight,
+    #[error("weights cannot be swapped while {pins} pins hold KV computed under the old ones")]
+    SwapWithPins { pins: usize },
     #[error("{0}")]
     Failed(String),
     #[error("the engine thread has stopped")]
@@ -93,6 +102,9 @@ impl EngineError {
             },
             Forward(e) => Forward(e.clone()),
             Step(e) => Step(e.clone()),
+            WeightShape { field } => WeightShape { field },
+            SwapInFlight => SwapInFlight,
+            SwapWithPins { pins } => SwapWithPins { pins: *pins },
             Failed(m) => Failed(m.clone()),
             Stopped => Stopped,
             Spawn(e) => Failed(format!("cannot start the engine thread: {e}")),

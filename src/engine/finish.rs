@@ -59,6 +59,7 @@ impl EngineCore {
                     tokens: g.tokens,
                     logprobs: g.logprobs,
                     stop: reason,
+                    weight_version: self.weight_version,
                 }),
             ));
         }

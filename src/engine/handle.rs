@@ -12,12 +12,13 @@ use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 
 use crate::kv::{PinId, SeqId};
-use crate::model::{LoadedModel, TokenId};
+use crate::model::{LoadedModel, Model, TokenId};
 
 use super::core::{EngineConfig, EngineCore, Generation};
 use super::counters::{EngineStats, SeqUsage};
 use super::error::EngineError;
 use super::stop::GenParams;
+use super::weights::WeightVersion;
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
@@ -34,6 +35,7 @@ enum Command {
     Stats(Reply<EngineStats>),
     ClearPrefixCache(Reply<()>),
     WaitForKvRoom(usize, Reply<()>),
+    LoadWeights(Arc<Model>, Reply<WeightVersion>),
 }
 
 /// A handle to the engine thread. Cloning it is cheap; the thread stops when the last
@@ -74,6 +76,9 @@ impl Engine {
         })
     }
 
+    /// The model the engine started with: its tokenizer, chat template and config
+    /// hold for the engine's whole life. Its weights are those of version 0 only;
+    /// [`Self::load_weights`] changes what the engine serves.
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.model
     }
@@ -130,6 +135,16 @@ impl Engine {
         self.call(|r| Command::Tokens(seq, r)).await
     }
 
+    /// Serves `weights` from now on; resolves with the new weight version once they
+    /// are in place. Generations and prefills already running finish on the old
+    /// weights; commands sent after this one wait for the swap, so they run on the new
+    /// ones. Cached prefixes are forgotten and live sequences recompute their KV on
+    /// their next use (see [`super::weights`]). The weights must have the served
+    /// model's shape; the tokenizer and chat template stay the served model's.
+    pub async fn load_weights(&self, weights: Arc<Model>) -> Result<WeightVersion, EngineError> {
+        self.call(|r| Command::LoadWeights(weights, r)).await
+    }
+
     pub async fn stats(&self) -> Result<EngineStats, EngineError> {
         self.call(Command::Stats).await
     }
@@ -158,6 +173,36 @@ struct Waiters {
     prefills: std::collections::HashMap<SeqId, Vec<Reply<()>>>,
     /// Callers waiting for KV room, with the free blocks each needs.
     kv_room: Vec<(usize, Reply<()>)>,
+    /// A weight swap waiting for in-flight generations and prefills to finish.
+    swap: Option<(Arc<Model>, Reply<WeightVersion>)>,
+    /// Commands sent after a waiting swap, applied in order once it is done.
+    deferred: std::collections::VecDeque<Command>,
+}
+
+impl Waiters {
+    /// Applies `cmd` now, or holds it back behind a waiting swap.
+    fn take(&mut self, core: &mut EngineCore, cmd: Command) {
+        if self.swap.is_some() {
+            self.deferred.push_back(cmd);
+        } else {
+            apply(core, cmd, self);
+        }
+    }
+
+    /// Applies a waiting swap once nothing is in flight, then the commands held back
+    /// behind it (up to the next swap that has to wait).
+    fn settle_swap(&mut self, core: &mut EngineCore) {
+        while self.swap.is_some() && core.can_swap_weights() {
+            let (weights, reply) = self.swap.take().expect("checked above");
+            let _ = reply.send(core.swap_weights(weights));
+            while self.swap.is_none() {
+                let Some(cmd) = self.deferred.pop_front() else {
+                    break;
+                };
+                apply(core, cmd, self);
+            }
+        }
+    }
 }
 
 /// The engine thread: apply commands, step while there is work, deliver results.
@@ -179,9 +224,10 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
         };
         let mut next = first;
         while let Some(cmd) = next {
-            apply(&mut core, cmd, &mut waiters);
+            waiters.take(&mut core, cmd);
             next = rx.try_recv().ok();
         }
+        waiters.settle_swap(&mut core);
         if core.has_work() {
             if let Err(e) = core.step() {
                 // A failed step fails every waiting caller: nothing is dropped
@@ -216,6 +262,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
         for (_, reply) in ready {
             let _ = reply.send(Ok(()));
         }
+        waiters.settle_swap(&mut core);
     }
 }
 
@@ -244,6 +291,7 @@ fn apply(core: &mut EngineCore, cmd: Command, waiters: &mut Waiters) {
             drop(r.send(Ok(())));
         }
         Command::WaitForKvRoom(min, r) => waiters.kv_room.push((min, r)),
+        Command::LoadWeights(weights, r) => waiters.swap = Some((weights, r)),
     }
     // A generation that finished at once (its first sample was a stop) is delivered
     // by the caller loop through `take_finished`.

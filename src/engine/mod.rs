@@ -8,6 +8,7 @@
 //! - `finish`: sampling a generation's next token and its stop conditions.
 //! - [`handle`]: [`Engine`], the core on its own thread behind an async API.
 //! - [`stop`]: generation parameters and stop conditions.
+//! - [`weights`]: swapping the served weights; weight versions.
 //! - [`counters`]: every computed row counted once (prefilled, decoded, reused).
 //! - [`rng`]: a small, stable per-sequence RNG (results must not change with crate versions).
 //! - [`sampling`]: temperature / top-k / top-p sampling with the sampled token's logprob.
@@ -24,6 +25,7 @@ pub mod rng;
 pub mod sampling;
 mod schedule;
 pub mod stop;
+pub mod weights;
 
 pub use self::core::{EngineConfig, EngineCore, Generation};
 pub use counters::{EngineCounters, EngineStats, SeqUsage};
@@ -33,3 +35,4 @@ pub use handle::Engine;
 pub use rng::SeqRng;
 pub use sampling::{SampledToken, Sampling};
 pub use stop::{GenParams, StopReason};
+pub use weights::WeightVersion;

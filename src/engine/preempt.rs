@@ -20,14 +20,25 @@ use super::core::EngineCore;
 use super::error::EngineError;
 
 impl EngineCore {
-    /// Drops `victim`'s KV; its tokens become a pending recompute.
+    /// Drops `victim`'s KV to make room; its tokens become a pending recompute.
     pub(super) fn preempt(&mut self, victim: SeqId) -> Result<(), EngineError> {
-        let cached = self.kv.tokens(victim)?;
-        self.kv.reset(victim)?;
+        self.drop_kv(victim)?;
+        if let Some(s) = self.seqs.get_mut(&victim) {
+            s.usage.preemptions += 1;
+        }
+        self.counters.preemptions += 1;
+        Ok(())
+    }
+
+    /// Drops `seq`'s KV (under memory pressure, or stale after a weight swap): its
+    /// cached tokens go back to the front of its pending tokens as a recompute.
+    pub(super) fn drop_kv(&mut self, seq: SeqId) -> Result<(), EngineError> {
+        let cached = self.kv.tokens(seq)?;
+        self.kv.reset(seq)?;
         let s = self
             .seqs
-            .get_mut(&victim)
-            .ok_or(EngineError::UnknownSequence(victim))?;
+            .get_mut(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
         let n = cached.len();
         let mut pending = cached;
         pending.append(&mut s.pending);
@@ -35,8 +46,6 @@ impl EngineCore {
         s.recompute += n;
         s.restoring = false;
         s.last_logits = None;
-        s.usage.preemptions += 1;
-        self.counters.preemptions += 1;
         Ok(())
     }
 

@@ -174,7 +174,7 @@ impl EngineCore {
 
     /// Runs the planned forward and hands each sequence its rows.
     fn run(&mut self, plan: Plan) -> Result<usize, EngineError> {
-        let out = match self.model.model.forward(&plan.batch, &mut self.kv) {
+        let out = match self.weights.forward(&plan.batch, &mut self.kv) {
             Ok(out) => out,
             Err(e) => {
                 // Undo the reservations so the cache stays consistent, and fail this

@@ -144,6 +144,25 @@ pub fn load(dir: &Path) -> Result<HfModel, ModelError> {
     })
 }
 
+impl Model {
+    /// A model from tensors in memory named as in an HF checkpoint (how the engine
+    /// serves a trainer's weights). bf16 and f16 matrices stay in half precision, any
+    /// other dtype is widened to f32; every shape is checked against `config`, and
+    /// errors name `label`. The RoPE pairing is `config`'s: Q/K rows must be laid out
+    /// for it.
+    pub fn from_hf_tensors(
+        config: ModelConfig,
+        tensors: HashMap<String, Tensor>,
+        label: &Path,
+    ) -> Result<Model, ModelError> {
+        let mut src = SafetensorsSource {
+            path: label.to_path_buf(),
+            tensors,
+        };
+        build_model(config, &mut src)
+    }
+}
+
 /// All tensors of the directory's safetensors file(s), by name.
 struct SafetensorsSource {
     path: PathBuf,

@@ -26,6 +26,9 @@ pub enum TrainError {
     },
     #[error("{0}: {1}")]
     Io(PathBuf, #[source] std::io::Error),
+    /// Trainer weights are served dense; a quantised format was asked for.
+    #[error("trainer weights are served dense (f32, bf16 or f16), not {0:?}")]
+    UnservableFormat(crate::model::kernels::WeightFormat),
     /// A gradient that is NaN or infinite: the update is not applied.
     #[error("the gradient of {name} is not finite")]
     NonFiniteGradient { name: String },

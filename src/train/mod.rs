@@ -16,6 +16,7 @@
 //! - [`checkpoint`]: HF-layout checkpoints (Q/K un-permuted), optimiser state
 //!   beside them, swapped in whole.
 //! - [`update`]: one update — micro-batches, accumulated gradients, one step, metrics.
+//! - [`serving`]: the trainer's weights as a model the engine serves after a swap.
 //!
 //! Only `model`, `engine` and `train` touch tensors.
 
@@ -30,6 +31,7 @@ pub mod optim;
 pub mod pack;
 pub mod params;
 pub mod scoring;
+pub mod serving;
 pub mod update;
 
 pub use checkpoint::{load_optimizer, save_checkpoint, CheckpointExtras};
