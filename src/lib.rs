@@ -17,13 +17,16 @@
 //! 7. [`train`] — the update: a differentiable decoder with tree attention, verl's
 //!    policy loss, optimisers.
 //! 8. [`view`] — presentation: a forest drawn as one self-contained HTML page.
-//! 9. [`bench`] — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
+//! 9. [`closed_loop`] — `treegrpo sft` and `treegrpo train`: the warm-start, then
+//!    rollouts → advantages → update → weight swap, step after step.
+//! 10. [`bench`] — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
 //!    `mistralrs` feature) on the same prompts and seed, measured.
 //!
 //! See `ARCHITECTURE.md` for the invariants and where to change what.
 
 pub mod advantage;
 pub mod bench;
+pub mod closed_loop;
 pub mod engine;
 pub mod env;
 pub mod kv;

@@ -17,6 +17,7 @@ use treegrpo::train::{
 
 fn extras<'a>(m: &'a LoadedModel, opt: Option<&'a Optimizer>) -> CheckpointExtras<'a> {
     CheckpointExtras {
+        loop_state: None,
         tokenizer: &m.tokenizer,
         chat_template: m.chat_template.as_ref(),
         optimizer: opt,

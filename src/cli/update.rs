@@ -141,6 +141,7 @@ pub fn run(a: UpdateArgs) -> anyhow::Result<()> {
         &a.out,
         &params,
         CheckpointExtras {
+            loop_state: None,
             tokenizer: &m.tokenizer,
             chat_template: m.chat_template.as_ref(),
             optimizer: Some(&optimizer),

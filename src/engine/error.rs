@@ -52,6 +52,8 @@ pub enum EngineError {
     /// thread waits for them instead).
     #[error("weights cannot be swapped while a generation or prefill is in flight")]
     SwapInFlight,
+    #[error("weight version {offered} is not above the served version {serving}")]
+    StaleWeightVersion { offered: u64, serving: u64 },
     #[error("weights cannot be swapped while {pins} pins hold KV computed under the old ones")]
     SwapWithPins { pins: usize },
     #[error("{0}")]
@@ -104,6 +106,10 @@ impl EngineError {
             Step(e) => Step(e.clone()),
             WeightShape { field } => WeightShape { field },
             SwapInFlight => SwapInFlight,
+            StaleWeightVersion { offered, serving } => StaleWeightVersion {
+                offered: *offered,
+                serving: *serving,
+            },
             SwapWithPins { pins } => SwapWithPins { pins: *pins },
             Failed(m) => Failed(m.clone()),
             Stopped => Stopped,

@@ -35,7 +35,7 @@ enum Command {
     Stats(Reply<EngineStats>),
     ClearPrefixCache(Reply<()>),
     WaitForKvRoom(usize, Reply<()>),
-    LoadWeights(Arc<Model>, Reply<WeightVersion>),
+    LoadWeights(Arc<Model>, Option<WeightVersion>, Reply<WeightVersion>),
 }
 
 /// A handle to the engine thread. Cloning it is cheap; the thread stops when the last
@@ -142,7 +142,17 @@ impl Engine {
     /// their next use (see [`super::weights`]). The weights must have the served
     /// model's shape; the tokenizer and chat template stay the served model's.
     pub async fn load_weights(&self, weights: Arc<Model>) -> Result<WeightVersion, EngineError> {
-        self.call(|r| Command::LoadWeights(weights, r)).await
+        self.call(|r| Command::LoadWeights(weights, None, r)).await
+    }
+
+    /// [`Self::load_weights`] naming the new version (above the served one).
+    pub async fn load_weights_as(
+        &self,
+        weights: Arc<Model>,
+        version: WeightVersion,
+    ) -> Result<WeightVersion, EngineError> {
+        self.call(|r| Command::LoadWeights(weights, Some(version), r))
+            .await
     }
 
     pub async fn stats(&self) -> Result<EngineStats, EngineError> {
@@ -174,7 +184,7 @@ struct Waiters {
     /// Callers waiting for KV room, with the free blocks each needs.
     kv_room: Vec<(usize, Reply<()>)>,
     /// A weight swap waiting for in-flight generations and prefills to finish.
-    swap: Option<(Arc<Model>, Reply<WeightVersion>)>,
+    swap: Option<(Arc<Model>, Option<WeightVersion>, Reply<WeightVersion>)>,
     /// Commands sent after a waiting swap, applied in order once it is done.
     deferred: std::collections::VecDeque<Command>,
 }
@@ -193,8 +203,11 @@ impl Waiters {
     /// behind it (up to the next swap that has to wait).
     fn settle_swap(&mut self, core: &mut EngineCore) {
         while self.swap.is_some() && core.can_swap_weights() {
-            let (weights, reply) = self.swap.take().expect("checked above");
-            let _ = reply.send(core.swap_weights(weights));
+            let (weights, version, reply) = self.swap.take().expect("checked above");
+            let _ = reply.send(match version {
+                Some(v) => core.swap_weights_as(weights, v),
+                None => core.swap_weights(weights),
+            });
             while self.swap.is_none() {
                 let Some(cmd) = self.deferred.pop_front() else {
                     break;
@@ -291,7 +304,7 @@ fn apply(core: &mut EngineCore, cmd: Command, waiters: &mut Waiters) {
             drop(r.send(Ok(())));
         }
         Command::WaitForKvRoom(min, r) => waiters.kv_room.push((min, r)),
-        Command::LoadWeights(weights, r) => waiters.swap = Some((weights, r)),
+        Command::LoadWeights(weights, version, r) => waiters.swap = Some((weights, version, r)),
     }
     // A generation that finished at once (its first sample was a stop) is delivered
     // by the caller loop through `take_finished`.

@@ -71,6 +71,22 @@ impl EngineCore {
     /// forgotten. Fails (changing nothing) when the weights' shape differs from the
     /// served model's, a generation or prefill is in flight, or a pin holds KV.
     pub fn swap_weights(&mut self, weights: Arc<Model>) -> Result<WeightVersion, EngineError> {
+        self.swap_weights_as(weights, self.weight_version + 1)
+    }
+
+    /// [`Self::swap_weights`] naming the new version (a trainer resuming at step `k`
+    /// serves its policy as version `k`); it must be above the current one.
+    pub fn swap_weights_as(
+        &mut self,
+        weights: Arc<Model>,
+        version: WeightVersion,
+    ) -> Result<WeightVersion, EngineError> {
+        if version <= self.weight_version {
+            return Err(EngineError::StaleWeightVersion {
+                offered: version,
+                serving: self.weight_version,
+            });
+        }
         let serving = self.weights.config();
         if let Some(field) = shape_mismatch(serving, weights.config()) {
             return Err(EngineError::WeightShape { field });
@@ -93,7 +109,7 @@ impl EngineCore {
         // being parked under old-version entries.
         self.kv.clear_prefix_cache();
         self.weights = weights;
-        self.weight_version += 1;
+        self.weight_version = version;
         self.counters.weight_swaps += 1;
         Ok(self.weight_version)
     }

@@ -13,7 +13,9 @@ use crate::env::episode::Episode;
 use crate::env::error::{EnvError, ToolError};
 use crate::env::normalize::numeric_match;
 use crate::env::prompts::initial_messages;
-use crate::env::protocol::{protocol_step, score_episode, stop_strings, EnvConfig, ToolSlot};
+use crate::env::protocol::{
+    oracle_text, protocol_step, score_episode, stop_strings, EnvConfig, ToolSlot,
+};
 use crate::env::reward::RewardMetric;
 use crate::env::sample::QaSample;
 use crate::env::tool::Tool;
@@ -86,6 +88,22 @@ impl Environment for CalcEnv {
 
     async fn step(&self, episode: &mut Episode, step_text: &str) -> Result<StepOutcome, EnvError> {
         protocol_step(&self.cfg, &self.slot, episode, step_text).await
+    }
+
+    /// One calculator call with the sample's reference expression, then its value.
+    fn oracle_step(&self, episode: &Episode) -> Option<String> {
+        let sample = episode.sample();
+        let answer = sample.golden_answers.first()?;
+        let tags = &self.cfg.tags;
+        let expression = sample.metadata.as_ref()?.get("expression")?.as_str()?;
+        let step = if episode.steps().is_empty() && !episode.in_answer_only_turn() {
+            let thought = "I need to compute the result of the described steps.";
+            oracle_text(tags, thought, &tags.calc, expression)
+        } else {
+            let thought = format!("The result is {answer}.");
+            oracle_text(tags, &thought, &tags.answer, answer)
+        };
+        Some(step)
     }
 
     /// Numeric exact match only: F1 over digits means nothing, so the

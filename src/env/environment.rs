@@ -83,4 +83,12 @@ pub trait Environment: Send + Sync {
 
     /// Grades a trajectory (an unfinished one has no answer and scores as such).
     fn score(&self, episode: &Episode) -> Score;
+
+    /// The next step of a demonstration — what an oracle that knows the sample's
+    /// solution writes, in the exact step format [`Environment::step`] parses — or
+    /// `None` where the task has no oracle for this sample. Supervised warm-starts
+    /// are trained on these (`treegrpo sft`).
+    fn oracle_step(&self, _episode: &Episode) -> Option<String> {
+        None
+    }
 }

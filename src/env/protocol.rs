@@ -116,6 +116,17 @@ pub(crate) fn stop_strings(tags: &Tags, tool: ActionKind) -> Vec<String> {
     ]
 }
 
+/// A demonstration step in the protocol's format: one think block, then one action.
+pub(crate) fn oracle_text(tags: &Tags, thought: &str, action_tag: &str, input: &str) -> String {
+    format!(
+        "{}{thought}{}\n{} {input} {}",
+        Tags::open(&tags.think),
+        Tags::close(&tags.think),
+        Tags::open(action_tag),
+        Tags::close(action_tag),
+    )
+}
+
 /// One step of the protocol (see the module doc).
 pub(crate) async fn protocol_step(
     cfg: &EnvConfig,

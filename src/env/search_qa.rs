@@ -3,6 +3,7 @@
 //! in `<information>`), and answers; the answer is graded by normalised
 //! exact match (or F1) against the golden answers.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -11,12 +12,15 @@ use async_trait::async_trait;
 use crate::env::action::ActionKind;
 use crate::env::bm25::{Bm25Index, Bm25Params};
 use crate::env::corpus::{format_results, Corpus, Document};
+use crate::env::ids::DocId;
 use crate::env::environment::{Environment, Score, StepOutcome};
 use crate::env::episode::Episode;
 use crate::env::error::{EnvError, ToolError};
 use crate::env::normalize::{exact_match, max_f1};
 use crate::env::prompts::initial_messages;
-use crate::env::protocol::{protocol_step, score_episode, stop_strings, EnvConfig, ToolSlot};
+use crate::env::protocol::{
+    oracle_text, protocol_step, score_episode, stop_strings, EnvConfig, ToolSlot,
+};
 use crate::env::sample::QaSample;
 use crate::env::tool::Tool;
 
@@ -99,6 +103,9 @@ impl Tool for SearchTool {
 pub struct SearchQaEnv {
     cfg: EnvConfig,
     slot: ToolSlot,
+    /// Document titles by id, for the oracle's queries (known when the environment
+    /// owns its corpus).
+    titles: Option<Arc<HashMap<DocId, String>>>,
 }
 
 impl SearchQaEnv {
@@ -112,13 +119,21 @@ impl SearchQaEnv {
                 kind: ActionKind::Search,
                 tool,
             },
+            titles: None,
         })
     }
 
     /// BM25 over `corpus`, `top_k` documents per search.
     pub fn with_bm25(corpus: Corpus, top_k: usize, cfg: EnvConfig) -> Result<Self, EnvError> {
+        let titles = corpus
+            .docs()
+            .iter()
+            .map(|d| (d.id.clone(), d.title.clone()))
+            .collect();
         let retriever = Arc::new(Bm25Retriever::new(corpus, Bm25Params::default()));
-        Self::new(Arc::new(SearchTool::new(retriever, top_k)), cfg)
+        let mut env = Self::new(Arc::new(SearchTool::new(retriever, top_k)), cfg)?;
+        env.titles = Some(Arc::new(titles));
+        Ok(env)
     }
 
     /// BM25 over a `corpus.jsonl` file.
@@ -153,6 +168,31 @@ impl Environment for SearchQaEnv {
 
     async fn step(&self, episode: &mut Episode, step_text: &str) -> Result<StepOutcome, EnvError> {
         protocol_step(&self.cfg, &self.slot, episode, step_text).await
+    }
+
+    /// One search per gold document, in hop order, by the document's title (the
+    /// entity it is about; the second hop's is the bridge entity the first document
+    /// names), then the first golden answer. Needs the corpus (BM25 environments).
+    fn oracle_step(&self, episode: &Episode) -> Option<String> {
+        let sample = episode.sample();
+        let answer = sample.golden_answers.first()?;
+        let tags = &self.cfg.tags;
+        let hop = episode.steps().len();
+        match sample.gold_doc_ids.get(hop) {
+            Some(doc) if !episode.in_answer_only_turn() => {
+                let title = self.titles.as_ref()?.get(doc)?;
+                let thought = if hop == 0 {
+                    format!("I need to find information about {title}.")
+                } else {
+                    format!("Now I need to find information about {title}.")
+                };
+                Some(oracle_text(tags, &thought, &tags.search, title))
+            }
+            _ => {
+                let thought = format!("The documents say the answer is {answer}.");
+                Some(oracle_text(tags, &thought, &tags.answer, answer))
+            }
+        }
     }
 
     fn score(&self, episode: &Episode) -> Score {

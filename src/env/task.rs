@@ -133,9 +133,30 @@ impl Task {
 
     /// The first `n` prompts of the task's `train.jsonl`.
     pub fn samples(self, data: &TaskData, n: usize) -> Result<Vec<QaSample>, EnvError> {
-        let (text, path) = self.read(data, "train.jsonl")?;
+        self.split(data, Split::Train, n)
+    }
+
+    /// The first `n` prompts of one of the task's splits.
+    pub fn split(self, data: &TaskData, split: Split, n: usize) -> Result<Vec<QaSample>, EnvError> {
+        let (text, path) = self.read(data, split.file())?;
         let mut samples = parse_samples(&text, &path)?;
         samples.truncate(n);
         Ok(samples)
+    }
+}
+
+/// A task's data split: prompts to train on, and held-out prompts to evaluate on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Test,
+}
+
+impl Split {
+    fn file(self) -> &'static str {
+        match self {
+            Split::Train => "train.jsonl",
+            Split::Test => "test.jsonl",
+        }
     }
 }

@@ -4,6 +4,7 @@
 //! - [`trajectory`]: one finished trajectory in the trainer's shape (token ids, loss
 //!   mask, logprobs, reward).
 //! - [`episode`]: runs one agent episode step by step.
+//! - [`demo`]: an episode played by the environment's oracle (SFT demonstrations).
 //! - [`forest`]: trees of agent steps as plain data.
 //! - [`select`]: which nodes grow branches (`paper` / `reference`).
 //! - [`config`]: the search's shape ([`TreeShape`]: M, N, L, K, selection) and
@@ -18,6 +19,7 @@
 
 mod branch;
 pub mod config;
+pub mod demo;
 pub mod episode;
 pub mod error;
 pub mod export;
@@ -29,6 +31,7 @@ pub mod select;
 pub mod trajectory;
 
 pub use config::{TreeConfig, TreeShape};
+pub use demo::{demonstrate, demonstrations};
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;
 pub use forest::{Node, Tree};

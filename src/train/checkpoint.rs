@@ -1,7 +1,8 @@
 //! Checkpoints in HF layout: `config.json`, `model.safetensors` (f32), `tokenizer.json`,
 //! `tokenizer_config.json` (with the chat template) — a directory `--model` loads
 //! anywhere in the product — plus the optimiser's state beside them
-//! (`optimizer.safetensors`, `trainer_state.json`).
+//! (`optimizer.safetensors`, `trainer_state.json`) and, for the training loop, its
+//! own state (`loop_state.json`).
 //!
 //! Llama GGUF files store Q and K rows permuted for llama.cpp's interleaved RoPE; a
 //! checkpoint is HF's half-split layout, so those rows are un-permuted on the way out
@@ -29,6 +30,9 @@ pub struct CheckpointExtras<'a> {
     pub tokenizer: &'a Tokenizer,
     pub chat_template: Option<&'a ChatTemplate>,
     pub optimizer: Option<&'a Optimizer>,
+    /// A caller's own state, saved as `loop_state.json` in the same atomic swap (the
+    /// training loop's step and token count).
+    pub loop_state: Option<&'a serde_json::Value>,
 }
 
 /// `trainer_state.json`.
@@ -86,6 +90,79 @@ fn unpermute(w: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
         .reshape((rows, cols))
 }
 
+/// llama.cpp's Q/K permutation, the inverse of [`unpermute`]: rows `(head, pair, j)`
+/// of HF's half-split layout become `(head, j, pair)` of the interleaved one.
+fn permute(w: &Tensor, heads: usize) -> candle_core::Result<Tensor> {
+    let (rows, cols) = w.dims2()?;
+    let half = rows / heads / 2;
+    w.reshape((heads, 2, half, cols))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((rows, cols))
+}
+
+/// The KV heads a Q or K weight (or bias) of this name is split into; `None` for
+/// every other tensor.
+fn rope_heads(c: &ModelConfig, name: &str) -> Option<usize> {
+    if name.ends_with("q_proj.weight") || name.ends_with("q_proj.bias") {
+        Some(c.num_heads)
+    } else if name.ends_with("k_proj.weight") || name.ends_with("k_proj.bias") {
+        Some(c.num_kv_heads)
+    } else {
+        None
+    }
+}
+
+/// Applies a row permutation to a matrix or a bias vector.
+fn on_rows(
+    t: &Tensor,
+    heads: usize,
+    f: fn(&Tensor, usize) -> candle_core::Result<Tensor>,
+) -> candle_core::Result<Tensor> {
+    if t.rank() == 1 {
+        f(&t.unsqueeze(1)?, heads)?.squeeze(1)
+    } else {
+        f(t, heads)
+    }
+}
+
+/// Sets every weight of `params` to the checkpoint's in `dir`, in `params`'s own
+/// RoPE layout (a llama GGUF source's Q/K rows are permuted back), so a run resumed
+/// from a checkpoint holds bit-for-bit the weights it saved. Shapes must match.
+pub fn restore_weights(dir: &Path, params: &Params) -> Result<(), TrainError> {
+    let path = dir.join("model.safetensors");
+    let tensors = candle_core::safetensors::load(&path, &Device::Cpu)
+        .map_err(|e| bad_checkpoint(&path, format!("not a readable safetensors file: {e}")))?;
+    let c = &params.config;
+    for (name, var) in params.named() {
+        let t = tensors
+            .get(&name)
+            .ok_or_else(|| bad_checkpoint(&path, format!("no tensor {name}")))?;
+        if t.dims() != var.dims() {
+            return Err(bad_checkpoint(
+                &path,
+                format!("{name} is {:?}, the model's is {:?}", t.dims(), var.dims()),
+            ));
+        }
+        let mut t = t.to_dtype(var.dtype())?;
+        if c.rope_style == RopeStyle::Interleaved {
+            if let Some(h) = rope_heads(c, &name) {
+                t = on_rows(&t, h, permute)?;
+            }
+        }
+        var.set(&t)?;
+    }
+    Ok(())
+}
+
+fn bad_checkpoint(path: &Path, message: String) -> TrainError {
+    TrainError::BadInput {
+        path: path.to_path_buf(),
+        line: 0,
+        message,
+    }
+}
+
 /// The weights as HF tensors (f32, half-split RoPE layout).
 fn hf_tensors(params: &Params) -> Result<HashMap<String, Tensor>, TrainError> {
     let c = &params.config;
@@ -93,19 +170,8 @@ fn hf_tensors(params: &Params) -> Result<HashMap<String, Tensor>, TrainError> {
     for (name, var) in params.named() {
         let mut t = var.as_tensor().detach().to_dtype(DType::F32)?;
         if c.rope_style == RopeStyle::Interleaved {
-            let heads = if name.ends_with("q_proj.weight") || name.ends_with("q_proj.bias") {
-                Some(c.num_heads)
-            } else if name.ends_with("k_proj.weight") || name.ends_with("k_proj.bias") {
-                Some(c.num_kv_heads)
-            } else {
-                None
-            };
-            if let Some(h) = heads {
-                t = if t.rank() == 1 {
-                    unpermute(&t.unsqueeze(1)?, h)?.squeeze(1)?
-                } else {
-                    unpermute(&t, h)?
-                };
+            if let Some(h) = rope_heads(c, &name) {
+                t = on_rows(&t, h, unpermute)?;
             }
         }
         out.insert(name, t);
@@ -114,13 +180,14 @@ fn hf_tensors(params: &Params) -> Result<HashMap<String, Tensor>, TrainError> {
 }
 
 /// The checkpoint's files, in the order they are written.
-const FILES: [&str; 6] = [
+const FILES: [&str; 7] = [
     "config.json",
     "tokenizer.json",
     "tokenizer_config.json",
     "model.safetensors",
     "optimizer.safetensors",
     "trainer_state.json",
+    "loop_state.json",
 ];
 
 fn write_files(
@@ -178,6 +245,13 @@ fn write_files(
                     optimizer: opt.config,
                 };
                 std::fs::write(&path, serde_json::to_string_pretty(&state).expect("JSON"))
+                    .map_err(io(&path))?;
+            }
+            "loop_state.json" => {
+                let Some(state) = extras.loop_state else {
+                    continue;
+                };
+                std::fs::write(&path, serde_json::to_string_pretty(state).expect("JSON"))
                     .map_err(io(&path))?;
             }
             _ => unreachable!("every file is written above"),

@@ -102,6 +102,9 @@ pub struct LossRow {
 pub struct LossOutput {
     pub loss: f64,
     pub pg_loss: f64,
+    /// The aggregated negative log-likelihood of the loss tokens (the SFT loss; for RL
+    /// a diagnostic).
+    pub nll: f64,
     pub kl: f64,
     pub entropy: f64,
     /// Fraction of loss tokens whose clipped term is the active one (no gradient).
@@ -218,6 +221,7 @@ pub fn policy_loss_weighted(
         let (pg, dpg, was_clipped) = clipped_term(lp, row.old_logp, row.advantage, cfg);
         clipped += usize::from(was_clipped);
         out.pg_loss += w * tis * pg;
+        out.nll -= w * lp;
         let mut g = w * tis * dpg;
         let (k3, dk3) = low_var_kl(lp, row.ref_logp.unwrap_or(row.old_logp));
         out.kl += w * k3;
@@ -250,6 +254,7 @@ impl LossOutput {
         self.tokens += other.tokens;
         self.loss += other.loss;
         self.pg_loss += other.pg_loss;
+        self.nll += other.nll;
         self.kl += other.kl;
         self.entropy += other.entropy;
     }
@@ -259,6 +264,7 @@ impl LossOutput {
         LossOutput {
             loss: 0.0,
             pg_loss: 0.0,
+            nll: 0.0,
             kl: 0.0,
             entropy: 0.0,
             clip_fraction: 0.0,

@@ -34,7 +34,7 @@ pub mod scoring;
 pub mod serving;
 pub mod update;
 
-pub use checkpoint::{load_optimizer, save_checkpoint, CheckpointExtras};
+pub use checkpoint::{load_optimizer, restore_weights, save_checkpoint, CheckpointExtras};
 pub use decoder::{PackedBatch, Scored};
 pub use error::TrainError;
 pub use layout::TreeLayout;

@@ -100,6 +100,8 @@ pub struct Forwarded {
 pub struct UpdateMetrics {
     pub loss: f64,
     pub pg_loss: f64,
+    /// Mean negative log-likelihood of the loss tokens (aggregated as the loss is).
+    pub nll: f64,
     pub kl: f64,
     pub entropy: f64,
     /// Global gradient norm before clipping.
@@ -323,6 +325,7 @@ pub fn update_with_progress(
     Ok(UpdateMetrics {
         loss: out.loss,
         pg_loss: out.pg_loss,
+        nll: out.nll,
         kl: out.kl,
         entropy: out.entropy,
         grad_norm,

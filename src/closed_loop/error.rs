@@ -1,0 +1,29 @@
+//! The closed loop's error type.
+
+use std::path::PathBuf;
+
+use crate::engine::EngineError;
+use crate::env::EnvError;
+use crate::rollout::RolloutError;
+use crate::train::TrainError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoopError {
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error("{0}: {1}")]
+    Io(PathBuf, #[source] std::io::Error),
+    /// A run folder that cannot be resumed (its log or loop state is not what this
+    /// run wrote).
+    #[error("cannot resume from {path}: {message}")]
+    Resume { path: PathBuf, message: String },
+    /// A setting the loop cannot run with.
+    #[error("{0}")]
+    Config(String),
+}

@@ -1,0 +1,122 @@
+//! `log.jsonl`: one line per training step, appended and synced as each step ends,
+//! so an interrupted run leaves only whole lines, and read back on `--resume`.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::error::LoopError;
+
+/// Token figures of a step's rollouts (evaluation not included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepTokens {
+    /// Prompt and observation tokens computed.
+    pub prefilled: u64,
+    pub decoded: u64,
+    /// Needed but not computed (forks, prefix cache).
+    pub reused: u64,
+    /// Everything the model computed for the step's rollouts.
+    pub computed: u64,
+    /// `computed` summed over every step so far: the x axis of the reward curves.
+    pub cumulative_computed: u64,
+}
+
+/// One line of `log.jsonl`. Step 0 is the evaluation before any update (no rollouts).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepLog {
+    pub step: u64,
+    /// The weights the step's rollouts were sampled under (the step before's policy).
+    pub weight_version: u64,
+    /// Mean reward of the step's rollouts.
+    pub reward_mean: f64,
+    /// Greedy mean reward on the task's test prompts, when evaluated after the step.
+    pub eval_reward: Option<f64>,
+    pub rollouts: usize,
+    pub tokens: StepTokens,
+    pub loss: f64,
+    pub pg_loss: f64,
+    /// Mean negative log-likelihood of the loss tokens.
+    pub nll: f64,
+    pub kl: f64,
+    pub entropy: f64,
+    pub grad_norm: f64,
+    pub clip_fraction: f64,
+    pub tis_mean: f64,
+    pub lr: f64,
+    pub rollout_seconds: f64,
+    pub update_seconds: f64,
+    pub eval_seconds: f64,
+}
+
+impl StepLog {
+    /// The line with every timing zeroed: what an interrupted-and-resumed run must
+    /// reproduce exactly.
+    pub fn without_timings(&self) -> StepLog {
+        StepLog {
+            rollout_seconds: 0.0,
+            update_seconds: 0.0,
+            eval_seconds: 0.0,
+            ..self.clone()
+        }
+    }
+}
+
+/// The log file of a run folder, open for appending.
+#[derive(Debug)]
+pub struct LogFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl LogFile {
+    /// `DIR/log.jsonl`, created empty.
+    pub fn create(dir: &Path) -> Result<Self, LoopError> {
+        let path = dir.join("log.jsonl");
+        let file = File::create(&path).map_err(|e| LoopError::Io(path.clone(), e))?;
+        Ok(LogFile { path, file })
+    }
+
+    /// `DIR/log.jsonl` cut back to the lines of steps `0..=last_step` (what a resume
+    /// from the checkpoint of `last_step` keeps), which are returned.
+    pub fn resume(dir: &Path, last_step: u64) -> Result<(Self, Vec<StepLog>), LoopError> {
+        let path = dir.join("log.jsonl");
+        let lines = read_log(&path)?;
+        let kept: Vec<StepLog> = lines.into_iter().filter(|l| l.step <= last_step).collect();
+        if kept.last().map(|l| l.step) != Some(last_step) {
+            return Err(LoopError::Resume {
+                path,
+                message: format!("the log has no line for the checkpoint's step {last_step}"),
+            });
+        }
+        let mut log = Self::create(dir)?;
+        for line in &kept {
+            log.append(line)?;
+        }
+        Ok((log, kept))
+    }
+
+    /// Appends one line and syncs it to disk.
+    pub fn append(&mut self, line: &StepLog) -> Result<(), LoopError> {
+        let io = |e| LoopError::Io(self.path.clone(), e);
+        let text = serde_json::to_string(line).expect("a step line serialises");
+        writeln!(self.file, "{text}").map_err(io)?;
+        self.file.sync_data().map_err(io)
+    }
+}
+
+/// Every line of a `log.jsonl`; a bad line is an error naming file and line.
+pub fn read_log(path: &Path) -> Result<Vec<StepLog>, LoopError> {
+    let text = std::fs::read_to_string(path).map_err(|e| LoopError::Io(path.to_path_buf(), e))?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| LoopError::Resume {
+                path: path.to_path_buf(),
+                message: format!("line {}: not a step line: {e}", i + 1),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,21 @@
+//! The closed loop: rollouts, advantages and updates in one process, the engine
+//! serving each new policy. It sits above `rollout` (trees from the engine) and
+//! `train` (the update), the only layer that uses both.
+//!
+//! - [`sft`]: the supervised warm-start on the task oracle's demonstrations.
+//! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
+//!   evaluation, checkpoints with the loop's state, resume, stop signal.
+//! - [`log`]: `log.jsonl`, one synced line per step, read back on resume.
+//! - [`error`]: [`LoopError`].
+
+pub mod error;
+pub mod log;
+pub mod run;
+pub mod sft;
+
+pub use error::LoopError;
+pub use log::{read_log, LogFile, StepLog, StepTokens};
+pub use run::{
+    checkpoint_dir, EventFn, LoopConfig, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun,
+};
+pub use sft::{run_sft, sft_sample, SftConfig, SftStepLog};

@@ -1,0 +1,488 @@
+//! The training loop: each step samples rollouts (trees or chains) from the policy the
+//! engine serves, scores them, makes one update, and swaps the updated weights into
+//! the engine, so the next step samples from the new policy.
+//!
+//! What a step is made of depends only on the run's seed and the step number — its
+//! prompts (the next `prompts_per_step` of the training split, cycling), its rollout
+//! seed — and on the weights and optimiser state, which checkpoints keep exactly. So a
+//! run resumed from the checkpoint of step `k` writes the same log lines from `k + 1`
+//! on as the uninterrupted run (timings aside; `tests/train_loop_tests.rs`).
+//!
+//! The engine serves the policy of step `s` as weight version `s` (version 0: the
+//! weights it was started with), dense in `serve_format`; the log's `weight_version`
+//! is the version that sampled the step's rollouts.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::error::LoopError;
+use super::log::{LogFile, StepLog, StepTokens};
+use crate::advantage::AdvantageMode;
+use crate::engine::{Engine, Sampling, SeqRng};
+use crate::env::{Environment, QaSample};
+use crate::model::kernels::WeightFormat;
+use crate::model::LoadedModel;
+use crate::rollout::export::TrajectoryRecord;
+use crate::rollout::{run_rollout, Progress, RolloutRequest, RunHooks, RunOptions, TreeConfig};
+use crate::train::{
+    restore_weights, save_checkpoint, update_with_progress, CheckpointExtras, Optimizer, Params,
+    TrainSample, UpdateConfig, UpdateMetrics, UpdateProgress,
+};
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    /// Steps to reach (a resumed run continues to the same number).
+    pub steps: u64,
+    pub prompts_per_step: usize,
+    /// The search's shape and sampling; its seed is the run's (each step derives its own).
+    pub tree: TreeConfig,
+    pub advantage: AdvantageMode,
+    /// Most prompts whose forests grow at once (0: all).
+    pub concurrent_prompts: usize,
+    /// The update (its temperature is taken from `tree.sampling`).
+    pub update: UpdateConfig,
+    /// Evaluate every this many steps (and after the last; 0: only before the first and
+    /// after the last step).
+    pub eval_every: u64,
+    pub eval_prompts: usize,
+    /// Checkpoint every this many steps (and after the last; 0: only after the last).
+    pub checkpoint_every: u64,
+    /// How the engine holds the trainer's weights after an update (f32, bf16, f16).
+    pub serve_format: WeightFormat,
+}
+
+/// What `loop_state.json` in a checkpoint records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopState {
+    /// The last finished step (its update is in the checkpoint's weights).
+    pub step: u64,
+    pub cumulative_computed: u64,
+}
+
+/// Something the loop reports while it runs (for progress displays).
+#[derive(Debug)]
+pub enum LoopEvent<'a> {
+    /// A prompt of step `step`'s rollout finished.
+    Rollout { step: u64, progress: Progress },
+    /// A micro-batch of step `step`'s update finished.
+    Update {
+        step: u64,
+        progress: UpdateProgress,
+    },
+    /// Evaluation after step `step` (0: before training) starts.
+    Evaluating { step: u64 },
+    /// Step `step` is done and logged.
+    Step(&'a StepLog),
+    /// A checkpoint was written.
+    Checkpoint { step: u64, dir: &'a Path },
+}
+
+/// A callback for [`LoopEvent`]s; called from the rollout's task too, hence `Send`.
+pub type EventFn = Box<dyn FnMut(LoopEvent<'_>) + Send>;
+
+/// Raised (by a SIGINT handler, say) to stop the loop at the next point where stopping
+/// loses nothing: a step in progress is abandoned, never logged, and the last
+/// checkpoint and the log stay as they were.
+#[derive(Debug)]
+pub struct StopSignal(watch::Sender<bool>);
+
+impl Default for StopSignal {
+    fn default() -> Self {
+        StopSignal(watch::channel(false).0)
+    }
+}
+
+impl StopSignal {
+    pub fn raise(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub fn is_raised(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once raised.
+    pub async fn raised(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|v| *v).await;
+    }
+}
+
+/// How a loop run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopOutcome {
+    /// Every step ran.
+    Finished { steps: u64 },
+    /// Stopped by the [`StopSignal`] after `completed` steps.
+    Interrupted { completed: u64 },
+}
+
+/// A training run: the engine serving the policy, the task, the trainer's weights and
+/// optimiser, and where the run's files go.
+pub struct TrainRun {
+    pub engine: Engine,
+    /// The model the engine started with (tokenizer and template for checkpoints).
+    pub model: Arc<LoadedModel>,
+    pub env: Arc<dyn Environment>,
+    pub train: Vec<QaSample>,
+    pub test: Vec<QaSample>,
+    pub params: Params,
+    pub optimizer: Optimizer,
+    pub config: LoopConfig,
+    /// The run folder: `log.jsonl`, `checkpoint/`, plots.
+    pub out: PathBuf,
+    /// Where the run stands (0 steps on a fresh run).
+    pub state: LoopState,
+    log: Option<LogFile>,
+    /// Lines logged so far (resumed ones included).
+    pub logged: Vec<StepLog>,
+}
+
+/// The checkpoint folder of a run folder.
+pub fn checkpoint_dir(out: &Path) -> PathBuf {
+    out.join("checkpoint")
+}
+
+/// The seed of step `step`'s rollouts: a stream of its own per step.
+fn step_seed(run_seed: u64, step: u64) -> u64 {
+    SeqRng::from_parts(&[run_seed, step, 0x7472_6169_6e]).next_u64()
+}
+
+/// The prompts of step `step` (1-based): the next `n` of `train`, cycling.
+fn step_samples(train: &[QaSample], step: u64, n: usize) -> Vec<QaSample> {
+    let start = (step as usize - 1) * n;
+    (0..n).map(|i| train[(start + i) % train.len()].clone()).collect()
+}
+
+/// A rollout's leaves as update samples.
+fn train_samples(records: &[TrajectoryRecord]) -> Vec<TrainSample> {
+    records
+        .iter()
+        .map(|r| {
+            let t = &r.trajectory;
+            let mut tokens = t.prompt_ids.clone();
+            tokens.extend_from_slice(&t.response_ids);
+            TrainSample {
+                tokens,
+                prompt_len: t.prompt_ids.len(),
+                response_mask: t.response_mask.clone(),
+                rollout_logprobs: Some(t.response_logprobs.iter().map(|&l| f64::from(l)).collect()),
+                old_logprobs: None,
+                ref_logprobs: None,
+                advantage: r.advantage,
+            }
+        })
+        .collect()
+}
+
+impl TrainRun {
+    /// A fresh run writing into `out` (created; an existing `log.jsonl` is replaced).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        engine: Engine,
+        model: Arc<LoadedModel>,
+        env: Arc<dyn Environment>,
+        train: Vec<QaSample>,
+        test: Vec<QaSample>,
+        params: Params,
+        optimizer: Optimizer,
+        config: LoopConfig,
+        out: PathBuf,
+    ) -> Result<Self, LoopError> {
+        if train.is_empty() || config.prompts_per_step == 0 {
+            return Err(LoopError::Config(
+                "training needs prompts: the split is empty or --prompts-per-step is 0".into(),
+            ));
+        }
+        std::fs::create_dir_all(&out).map_err(|e| LoopError::Io(out.clone(), e))?;
+        Ok(TrainRun {
+            engine,
+            model,
+            env,
+            train,
+            test,
+            params,
+            optimizer,
+            config,
+            state: LoopState {
+                step: 0,
+                cumulative_computed: 0,
+            },
+            log: Some(LogFile::create(&out)?),
+            logged: Vec::new(),
+            out,
+        })
+    }
+
+    /// Continues the run in `self.out` from its checkpoint: weights (bit for bit),
+    /// optimiser state, step and token count; the log is cut back to the checkpoint's
+    /// step, and the engine serves the checkpoint's policy under its step's version.
+    pub async fn resume(mut self) -> Result<Self, LoopError> {
+        let dir = checkpoint_dir(&self.out);
+        let state_path = dir.join("loop_state.json");
+        let text = std::fs::read_to_string(&state_path)
+            .map_err(|e| LoopError::Io(state_path.clone(), e))?;
+        let state: LoopState = serde_json::from_str(&text).map_err(|e| LoopError::Resume {
+            path: state_path.clone(),
+            message: e.to_string(),
+        })?;
+        restore_weights(&dir, &self.params)?;
+        let mut optimizer = crate::train::load_optimizer(&dir, &self.params)?.ok_or_else(|| {
+            LoopError::Resume {
+                path: dir.clone(),
+                message: "the checkpoint has no optimiser state".into(),
+            }
+        })?;
+        // The flags of this invocation (learning rate, …) rule; the moments and the
+        // step count are the checkpoint's.
+        optimizer.config = self.optimizer.config;
+        self.optimizer = optimizer;
+        let (log, logged) = LogFile::resume(&self.out, state.step)?;
+        self.log = Some(log);
+        self.logged = logged;
+        self.state = state;
+        if state.step > 0 {
+            self.serve(state.step).await?;
+        }
+        Ok(self)
+    }
+
+    /// Swaps the trainer's current weights into the engine as version `version`.
+    async fn serve(&self, version: u64) -> Result<(), LoopError> {
+        let model = self.params.to_model(self.config.serve_format)?;
+        self.engine.load_weights_as(Arc::new(model), version).await?;
+        Ok(())
+    }
+
+    /// Greedy mean reward on the test prompts, and the seconds it took.
+    async fn evaluate(&self) -> Result<Option<(f64, f64)>, LoopError> {
+        let n = self.config.eval_prompts.min(self.test.len());
+        if n == 0 {
+            return Ok(None);
+        }
+        let t0 = Instant::now();
+        let mut tree = TreeConfig::chains(1, Sampling::Greedy, 0);
+        tree.max_step_tokens = self.config.tree.max_step_tokens;
+        let request = RolloutRequest {
+            env: self.env.clone(),
+            samples: self.test[..n].to_vec(),
+            config: tree,
+            options: RunOptions {
+                max_concurrent_prompts: self.config.concurrent_prompts,
+                ..RunOptions::new(AdvantageMode::Grpo)
+            },
+        };
+        let result = run_rollout(self.engine.clone(), request, RunHooks::default()).await?;
+        Ok(Some((result.summary.mean_reward, t0.elapsed().as_secs_f64())))
+    }
+
+    fn wants_eval(&self, step: u64) -> bool {
+        let every = self.config.eval_every;
+        step == self.config.steps || (every > 0 && step % every == 0)
+    }
+
+    fn wants_checkpoint(&self, step: u64) -> bool {
+        let every = self.config.checkpoint_every;
+        step == self.config.steps || (every > 0 && step % every == 0)
+    }
+
+    fn append(&mut self, line: StepLog) -> Result<(), LoopError> {
+        self.log
+            .as_mut()
+            .expect("a run always has its log open")
+            .append(&line)?;
+        self.logged.push(line);
+        Ok(())
+    }
+
+    fn checkpoint(&self) -> Result<PathBuf, LoopError> {
+        let dir = checkpoint_dir(&self.out);
+        let state = serde_json::to_value(self.state).expect("the loop state serialises");
+        save_checkpoint(
+            &dir,
+            &self.params,
+            CheckpointExtras {
+                tokenizer: &self.model.tokenizer,
+                chat_template: self.model.chat_template.as_ref(),
+                optimizer: Some(&self.optimizer),
+                loop_state: Some(&state),
+            },
+        )?;
+        Ok(dir)
+    }
+
+    /// Runs steps until `config.steps` or the stop signal.
+    pub async fn run(
+        &mut self,
+        stop: Arc<StopSignal>,
+        on_event: EventFn,
+    ) -> Result<LoopOutcome, LoopError> {
+        let events = Arc::new(Mutex::new(on_event));
+        let emit = |e: LoopEvent<'_>| (events.lock().expect("an event callback panicked"))(e);
+        if self.state.step == 0 && self.logged.is_empty() {
+            emit(LoopEvent::Evaluating { step: 0 });
+            let eval = self.evaluate().await?;
+            if stop.is_raised() {
+                return Ok(LoopOutcome::Interrupted { completed: 0 });
+            }
+            let line = StepLog {
+                step: 0,
+                weight_version: 0,
+                reward_mean: 0.0,
+                eval_reward: eval.map(|e| e.0),
+                rollouts: 0,
+                tokens: StepTokens::default(),
+                loss: 0.0,
+                pg_loss: 0.0,
+                nll: 0.0,
+                kl: 0.0,
+                entropy: 0.0,
+                grad_norm: 0.0,
+                clip_fraction: 0.0,
+                tis_mean: 0.0,
+                lr: 0.0,
+                rollout_seconds: 0.0,
+                update_seconds: 0.0,
+                eval_seconds: eval.map_or(0.0, |e| e.1),
+            };
+            emit(LoopEvent::Step(&line));
+            self.append(line)?;
+        }
+        while self.state.step < self.config.steps {
+            let step = self.state.step + 1;
+            if stop.is_raised() {
+                return Ok(LoopOutcome::Interrupted {
+                    completed: self.state.step,
+                });
+            }
+            let version = self.engine.stats().await?.weight_version;
+
+            // Rollouts from the policy the engine serves.
+            let t0 = Instant::now();
+            let mut tree = self.config.tree.clone();
+            tree.seed = step_seed(self.config.tree.seed, step);
+            let request = RolloutRequest {
+                env: self.env.clone(),
+                samples: step_samples(&self.train, step, self.config.prompts_per_step),
+                config: tree,
+                options: RunOptions {
+                    advantage: self.config.advantage,
+                    token_budget: None,
+                    max_concurrent_prompts: self.config.concurrent_prompts,
+                },
+            };
+            let progress_events = events.clone();
+            let stop_rollout = stop.clone();
+            let hooks = RunHooks {
+                output: None,
+                progress: Some(Box::new(move |progress| {
+                    (progress_events.lock().expect("an event callback panicked"))(
+                        LoopEvent::Rollout { step, progress },
+                    )
+                })),
+                interrupt: Some(Box::pin(async move { stop_rollout.raised().await })),
+            };
+            let result = run_rollout(self.engine.clone(), request, hooks).await?;
+            if result.summary.interrupted || stop.is_raised() {
+                return Ok(LoopOutcome::Interrupted {
+                    completed: self.state.step,
+                });
+            }
+            let rollout_seconds = t0.elapsed().as_secs_f64();
+
+            // One update on them.
+            let samples = train_samples(&result.records);
+            let mut update_cfg = self.config.update;
+            update_cfg.temperature = self.config.tree.sampling.logprob_temperature();
+            let metrics = {
+                let (params, optimizer) = (&self.params, &mut self.optimizer);
+                let mut on_progress = |progress| emit(LoopEvent::Update { step, progress });
+                // The update is CPU work on this thread; the runtime's other workers
+                // keep serving (nothing else runs during it).
+                tokio::task::block_in_place(|| {
+                    update_with_progress(params, optimizer, &samples, &update_cfg, &mut on_progress)
+                })?
+            };
+            if stop.is_raised() {
+                return Ok(LoopOutcome::Interrupted {
+                    completed: self.state.step,
+                });
+            }
+            self.serve(step).await?;
+
+            let eval = if self.wants_eval(step) {
+                emit(LoopEvent::Evaluating { step });
+                self.evaluate().await?
+            } else {
+                None
+            };
+            let t = &result.summary.tokens;
+            self.state = LoopState {
+                step,
+                cumulative_computed: self.state.cumulative_computed + t.computed,
+            };
+            let line = step_line(
+                step,
+                version,
+                &result.summary,
+                &metrics,
+                self.state.cumulative_computed,
+                rollout_seconds,
+                eval,
+            );
+            emit(LoopEvent::Step(&line));
+            self.append(line)?;
+            if self.wants_checkpoint(step) {
+                let dir = self.checkpoint()?;
+                emit(LoopEvent::Checkpoint { step, dir: &dir });
+            }
+        }
+        Ok(LoopOutcome::Finished {
+            steps: self.state.step,
+        })
+    }
+}
+
+/// The log line of a finished step.
+fn step_line(
+    step: u64,
+    weight_version: u64,
+    summary: &crate::rollout::RunSummary,
+    m: &UpdateMetrics,
+    cumulative_computed: u64,
+    rollout_seconds: f64,
+    eval: Option<(f64, f64)>,
+) -> StepLog {
+    let t = &summary.tokens;
+    StepLog {
+        step,
+        weight_version,
+        reward_mean: summary.mean_reward,
+        eval_reward: eval.map(|e| e.0),
+        rollouts: summary.rollouts,
+        tokens: StepTokens {
+            prefilled: t.prompt_prefilled + t.observation_prefilled,
+            decoded: t.decoded,
+            reused: t.reused,
+            computed: t.computed,
+            cumulative_computed,
+        },
+        loss: m.loss,
+        pg_loss: m.pg_loss,
+        nll: m.nll,
+        kl: m.kl,
+        entropy: m.entropy,
+        grad_norm: m.grad_norm,
+        clip_fraction: m.clip_fraction,
+        tis_mean: m.tis_mean,
+        lr: m.lr,
+        rollout_seconds,
+        update_seconds: m.seconds,
+        eval_seconds: eval.map_or(0.0, |e| e.1),
+    }
+}

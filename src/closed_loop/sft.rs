@@ -1,0 +1,135 @@
+//! The supervised warm-start: the model learns the environment's step format from
+//! the oracle's demonstrations ([`crate::rollout::demo`]), loss on model tokens only.
+//!
+//! Each SFT step is one update of the policy-gradient machinery with every loss token's
+//! advantage 1, no KL and no entropy term, on-policy: the ratio is 1, so the clipped
+//! surrogate's gradient is exactly `−∇ mean log p` — the negative log-likelihood's
+//! gradient — and the update's tree packing, micro-batches, clipping and optimiser
+//! serve SFT unchanged (a system prompt every demonstration shares is forwarded once
+//! per micro-batch). Demonstrations are shuffled each epoch by a seeded stream.
+
+use serde::Serialize;
+
+use super::error::LoopError;
+use crate::engine::SeqRng;
+use crate::rollout::Trajectory;
+use crate::train::{update_with_progress, LossConfig, Optimizer, Params, TrainSample, UpdateConfig};
+
+/// How the warm-start runs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SftConfig {
+    pub epochs: usize,
+    /// Demonstrations per optimiser step.
+    pub batch_size: usize,
+    /// Micro-batch rows and the grad-norm clip (the loss is fixed: NLL).
+    pub micro_batch_tokens: usize,
+    pub max_grad_norm: f64,
+    /// Seeds the shuffling of each epoch.
+    pub seed: u64,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        SftConfig {
+            epochs: 2,
+            batch_size: 8,
+            micro_batch_tokens: 2048,
+            max_grad_norm: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// One SFT step's figures (`sft_log.jsonl`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SftStepLog {
+    pub epoch: usize,
+    pub step: u64,
+    /// Mean negative log-likelihood of the batch's model tokens, before the step.
+    pub nll: f64,
+    pub grad_norm: f64,
+    pub tokens: usize,
+    pub lr: f64,
+    pub seconds: f64,
+}
+
+/// A demonstration as a training sample: every model token is a loss token with
+/// advantage 1, observations masked out.
+pub fn sft_sample(demo: &Trajectory) -> TrainSample {
+    let mut tokens = demo.prompt_ids.clone();
+    tokens.extend_from_slice(&demo.response_ids);
+    TrainSample {
+        tokens,
+        prompt_len: demo.prompt_ids.len(),
+        response_mask: demo.response_mask.clone(),
+        rollout_logprobs: None,
+        old_logprobs: None,
+        ref_logprobs: None,
+        advantage: 1.0,
+    }
+}
+
+/// The update settings under which a policy-gradient step is an NLL step.
+fn nll_update(cfg: &SftConfig) -> UpdateConfig {
+    UpdateConfig {
+        loss: LossConfig {
+            kl_coef: 0.0,
+            entropy_coef: 0.0,
+            ..LossConfig::default()
+        },
+        max_grad_norm: cfg.max_grad_norm,
+        packed: true,
+        micro_batch_tokens: cfg.micro_batch_tokens,
+        temperature: 1.0,
+    }
+}
+
+/// `0..n` shuffled by `rng` (Fisher–Yates).
+fn shuffled(n: usize, rng: &mut SeqRng) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// Trains `params` on `samples` for `cfg.epochs` epochs; `on_step` sees each step.
+pub fn run_sft(
+    params: &Params,
+    optimizer: &mut Optimizer,
+    samples: &[TrainSample],
+    cfg: &SftConfig,
+    on_step: &mut dyn FnMut(&SftStepLog),
+) -> Result<Vec<SftStepLog>, LoopError> {
+    if samples.is_empty() {
+        return Err(LoopError::Config(
+            "no demonstrations to train on (the task's oracle covered no sample)".into(),
+        ));
+    }
+    if cfg.batch_size == 0 {
+        return Err(LoopError::Config("the SFT batch size must be at least 1".into()));
+    }
+    let update_cfg = nll_update(cfg);
+    let mut logs = Vec::new();
+    for epoch in 0..cfg.epochs {
+        let mut rng = SeqRng::from_parts(&[cfg.seed, epoch as u64, 0x5f7]);
+        let order = shuffled(samples.len(), &mut rng);
+        for batch in order.chunks(cfg.batch_size) {
+            let picked: Vec<TrainSample> = batch.iter().map(|&i| samples[i].clone()).collect();
+            let m = update_with_progress(params, optimizer, &picked, &update_cfg, &mut |_| {})?;
+            let line = SftStepLog {
+                epoch,
+                step: optimizer.step,
+                nll: m.nll,
+                grad_norm: m.grad_norm,
+                tokens: m.tokens,
+                lr: m.lr,
+                seconds: m.seconds,
+            };
+            on_step(&line);
+            logs.push(line);
+        }
+    }
+    Ok(logs)
+}
