@@ -2,9 +2,13 @@
 
 mod bench;
 mod data;
+mod flags;
 mod generate;
 mod model;
+mod plot;
 mod rollout;
+mod sft;
+mod train;
 mod update;
 mod view;
 
@@ -36,6 +40,12 @@ enum Command {
     Bench(bench::BenchArgs),
     /// One policy-gradient update (verl's clipped loss) on exported trajectories.
     Update(update::UpdateArgs),
+    /// Supervised warm-start on the task oracle's demonstrations (an HF checkpoint).
+    Sft(sft::SftArgs),
+    /// The closed loop: rollouts, advantages, an update and a weight swap per step.
+    Train(train::TrainArgs),
+    /// Reward curves of training runs against tokens computed, as SVG.
+    Plot(plot::PlotArgs),
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -48,6 +58,9 @@ pub fn run() -> anyhow::Result<()> {
         Command::View(a) => view::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Update(a) => update::run(a),
+        Command::Sft(a) => sft::run(a),
+        Command::Train(a) => train::run(a),
+        Command::Plot(a) => plot::run(a),
     }
 }
 

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use clap::Args;
 use treegrpo::advantage::AdvantageMode;
-use treegrpo::engine::{Engine, EngineConfig, Sampling};
+use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::{Task, TaskData};
 use treegrpo::rollout::{
-    run_rollout, Interrupt, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, Selection,
-    TreeConfig, TreeShape,
+    run_rollout, Interrupt, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, TreeConfig,
 };
 
 #[derive(Debug, Args)]
@@ -28,35 +27,8 @@ pub struct RolloutArgs {
     /// Number of prompts (questions) to roll out.
     #[arg(long, default_value_t = 8)]
     pub prompts: usize,
-    /// M: trees per prompt.
-    #[arg(long, default_value_t = 2)]
-    pub trees: usize,
-    /// N: branches per tree per expansion round.
-    #[arg(long, default_value_t = 2)]
-    pub expand: usize,
-    /// L: expansion rounds.
-    #[arg(long, default_value_t = 1)]
-    pub rounds: usize,
-    /// K: leaves kept per tree at random.
-    #[arg(long)]
-    pub keep: Option<usize>,
-    /// G independent chains per prompt instead of trees (the GRPO baseline).
-    #[arg(long, conflicts_with_all = ["trees", "expand", "rounds", "keep"])]
-    pub chains: Option<usize>,
-    /// Node selection: paper (distinct inner nodes) or reference (with replacement, root included).
-    #[arg(long, default_value = "paper")]
-    pub select: Selection,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f32,
-    /// Most tokens per agent step.
-    #[arg(long, default_value_t = 256)]
-    pub max_step_tokens: usize,
-    /// Tool turns before the forced answer turn.
-    #[arg(long, default_value_t = 3)]
-    pub turns: usize,
+    #[command(flatten)]
+    pub tree: super::flags::TreeFlags,
     /// Re-send and recompute every branch's whole prefix, as the reference does.
     #[arg(long)]
     pub no_prefix_reuse: bool,
@@ -85,22 +57,7 @@ pub struct RolloutArgs {
 
 impl RolloutArgs {
     pub fn tree_config(&self) -> TreeConfig {
-        let sampling = Sampling::from_temperature(Some(self.temperature));
-        let mut cfg = match self.chains {
-            Some(g) => TreeConfig::chains(g, sampling, self.seed),
-            None => TreeConfig::new(
-                TreeShape {
-                    trees: self.trees,
-                    expand: self.expand,
-                    rounds: self.rounds,
-                    keep: self.keep,
-                    selection: self.select,
-                },
-                sampling,
-                self.seed,
-            ),
-        };
-        cfg.max_step_tokens = self.max_step_tokens;
+        let mut cfg = self.tree.tree_config();
         cfg.prefix_reuse = !self.no_prefix_reuse;
         cfg
     }
@@ -115,7 +72,7 @@ pub async fn execute(
     interrupt: Option<Interrupt>,
 ) -> anyhow::Result<RunSummary> {
     let data = TaskData::from_option(a.data.clone());
-    let (env, samples) = a.task.setup(&data, a.turns, a.prompts)?;
+    let (env, samples) = a.task.setup(&data, a.tree.turns, a.prompts)?;
     let advantage = a.advantage.unwrap_or(cfg.default_advantage());
     let progress = |p: treegrpo::rollout::Progress| {
         eprint!(
@@ -150,13 +107,9 @@ pub async fn execute(
 }
 
 pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
+    a.tree.check()?;
     let cfg = a.tree_config();
-    anyhow::ensure!(cfg.shape.trees > 0, "--trees / --chains must be at least 1");
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
-    anyhow::ensure!(
-        a.max_step_tokens > 0,
-        "--max-step-tokens must be at least 1"
-    );
     let model = Arc::new(super::load_model(a.model.as_deref())?);
     let engine = Engine::start(
         model,

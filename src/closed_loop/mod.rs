@@ -5,17 +5,20 @@
 //! - [`sft`]: the supervised warm-start on the task oracle's demonstrations.
 //! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
 //!   evaluation, checkpoints with the loop's state, resume, stop signal.
+//! - [`eval`]: greedy mean reward on held-out prompts.
 //! - [`log`]: `log.jsonl`, one synced line per step, read back on resume.
 //! - [`error`]: [`LoopError`].
 
 pub mod error;
+pub mod eval;
 pub mod log;
 pub mod run;
 pub mod sft;
 
 pub use error::LoopError;
+pub use eval::{evaluate, Evaluation};
 pub use log::{read_log, LogFile, StepLog, StepTokens};
 pub use run::{
     checkpoint_dir, EventFn, LoopConfig, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun,
 };
-pub use sft::{run_sft, sft_sample, SftConfig, SftStepLog};
+pub use sft::{run_sft, sft_sample, warm_start, SftConfig, SftStepLog, WarmStart};

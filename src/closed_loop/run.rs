@@ -8,9 +8,10 @@
 //! run resumed from the checkpoint of step `k` writes the same log lines from `k + 1`
 //! on as the uninterrupted run (timings aside; `tests/train_loop_tests.rs`).
 //!
-//! The engine serves the policy of step `s` as weight version `s` (version 0: the
-//! weights it was started with), dense in `serve_format`; the log's `weight_version`
-//! is the version that sampled the step's rollouts.
+//! The engine serves the policy after step `s` as weight version `b + s`, where `b` is
+//! the version it served when the run started (0 for a fresh engine), dense in
+//! `serve_format`; the log's `weight_version` is the version that sampled the step's
+//! rollouts.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,9 +21,10 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::error::LoopError;
+use super::eval::evaluate;
 use super::log::{LogFile, StepLog, StepTokens};
 use crate::advantage::AdvantageMode;
-use crate::engine::{Engine, Sampling, SeqRng};
+use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::model::kernels::WeightFormat;
 use crate::model::LoadedModel;
@@ -62,6 +64,10 @@ pub struct LoopState {
     /// The last finished step (its update is in the checkpoint's weights).
     pub step: u64,
     pub cumulative_computed: u64,
+    /// The engine's weight version when the run started: the policy after step `s` is
+    /// served as version `base_version + s`.
+    #[serde(default)]
+    pub base_version: u64,
 }
 
 /// Something the loop reports while it runs (for progress displays).
@@ -212,6 +218,7 @@ impl TrainRun {
             state: LoopState {
                 step: 0,
                 cumulative_computed: 0,
+                base_version: 0,
             },
             log: Some(LogFile::create(&out)?),
             logged: Vec::new(),
@@ -225,6 +232,14 @@ impl TrainRun {
     pub async fn resume(mut self) -> Result<Self, LoopError> {
         let dir = checkpoint_dir(&self.out);
         let state_path = dir.join("loop_state.json");
+        if !state_path.exists() {
+            return Err(LoopError::Resume {
+                path: self.out.clone(),
+                message: "no checkpoint with the loop's state yet (the run stopped before \
+                          its first checkpoint): start it again"
+                    .into(),
+            });
+        }
         let text = std::fs::read_to_string(&state_path)
             .map_err(|e| LoopError::Io(state_path.clone(), e))?;
         let state: LoopState = serde_json::from_str(&text).map_err(|e| LoopError::Resume {
@@ -252,9 +267,10 @@ impl TrainRun {
         Ok(self)
     }
 
-    /// Swaps the trainer's current weights into the engine as version `version`.
-    async fn serve(&self, version: u64) -> Result<(), LoopError> {
+    /// Swaps the trainer's current weights into the engine as the policy after `step`.
+    async fn serve(&self, step: u64) -> Result<(), LoopError> {
         let model = self.params.to_model(self.config.serve_format)?;
+        let version = self.state.base_version + step;
         self.engine.load_weights_as(Arc::new(model), version).await?;
         Ok(())
     }
@@ -265,20 +281,9 @@ impl TrainRun {
         if n == 0 {
             return Ok(None);
         }
-        let t0 = Instant::now();
-        let mut tree = TreeConfig::chains(1, Sampling::Greedy, 0);
-        tree.max_step_tokens = self.config.tree.max_step_tokens;
-        let request = RolloutRequest {
-            env: self.env.clone(),
-            samples: self.test[..n].to_vec(),
-            config: tree,
-            options: RunOptions {
-                max_concurrent_prompts: self.config.concurrent_prompts,
-                ..RunOptions::new(AdvantageMode::Grpo)
-            },
-        };
-        let result = run_rollout(self.engine.clone(), request, RunHooks::default()).await?;
-        Ok(Some((result.summary.mean_reward, t0.elapsed().as_secs_f64())))
+        let max_step_tokens = self.config.tree.max_step_tokens;
+        let e = evaluate(&self.engine, &self.env, &self.test[..n], max_step_tokens).await?;
+        Ok(Some((e.mean_reward, e.seconds)))
     }
 
     fn wants_eval(&self, step: u64) -> bool {
@@ -325,6 +330,7 @@ impl TrainRun {
         let events = Arc::new(Mutex::new(on_event));
         let emit = |e: LoopEvent<'_>| (events.lock().expect("an event callback panicked"))(e);
         if self.state.step == 0 && self.logged.is_empty() {
+            self.state.base_version = self.engine.stats().await?.weight_version;
             emit(LoopEvent::Evaluating { step: 0 });
             let eval = self.evaluate().await?;
             if stop.is_raised() {
@@ -332,7 +338,7 @@ impl TrainRun {
             }
             let line = StepLog {
                 step: 0,
-                weight_version: 0,
+                weight_version: self.state.base_version,
                 reward_mean: 0.0,
                 eval_reward: eval.map(|e| e.0),
                 rollouts: 0,
@@ -425,6 +431,7 @@ impl TrainRun {
             self.state = LoopState {
                 step,
                 cumulative_computed: self.state.cumulative_computed + t.computed,
+                ..self.state
             };
             let line = step_line(
                 step,

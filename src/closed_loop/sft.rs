@@ -12,8 +12,13 @@ use serde::Serialize;
 
 use super::error::LoopError;
 use crate::engine::SeqRng;
-use crate::rollout::Trajectory;
-use crate::train::{update_with_progress, LossConfig, Optimizer, Params, TrainSample, UpdateConfig};
+use crate::env::{Environment, QaSample};
+use crate::model::LoadedModel;
+use crate::rollout::{demonstrations, Trajectory};
+use crate::train::{
+    update_with_progress, LossConfig, Optimizer, OptimizerConfig, Params, TrainSample,
+    UpdateConfig,
+};
 
 /// How the warm-start runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -132,4 +137,52 @@ pub fn run_sft(
         }
     }
     Ok(logs)
+}
+
+/// What a warm-start did.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WarmStart {
+    /// Questions the oracle demonstrated (of those given).
+    pub demonstrations: usize,
+    /// The demonstrations' mean reward (1 where the oracle solves every question).
+    pub demonstration_reward: f64,
+    /// Model tokens trained on per epoch.
+    pub model_tokens: usize,
+    pub steps: Vec<SftStepLog>,
+}
+
+/// Demonstrates `samples` with `env`'s oracle and trains `params` on them with AdamW
+/// at `lr` (no weight decay). The training is CPU work done in place: call it on a
+/// multi-thread tokio runtime.
+pub async fn warm_start(
+    model: &LoadedModel,
+    env: &dyn Environment,
+    samples: &[QaSample],
+    params: &Params,
+    lr: f64,
+    cfg: &SftConfig,
+    on_step: &mut (dyn FnMut(&SftStepLog) + Send),
+) -> Result<WarmStart, LoopError> {
+    let demos = demonstrations(model, env, samples).await?;
+    let demonstration_reward =
+        demos.iter().map(|d| d.reward).sum::<f64>() / demos.len().max(1) as f64;
+    let model_tokens = demos
+        .iter()
+        .map(|d| d.response_mask.iter().filter(|&&m| m == 1).count())
+        .sum();
+    let train: Vec<TrainSample> = demos.iter().map(sft_sample).collect();
+    let mut optimizer = Optimizer::new(OptimizerConfig {
+        lr,
+        weight_decay: 0.0,
+        ..OptimizerConfig::default()
+    });
+    let steps = tokio::task::block_in_place(|| {
+        run_sft(params, &mut optimizer, &train, cfg, &mut |l| on_step(l))
+    })?;
+    Ok(WarmStart {
+        demonstrations: demos.len(),
+        demonstration_reward,
+        model_tokens,
+        steps,
+    })
 }

@@ -1,5 +1,5 @@
 //! The presentation layer above `rollout`: a forest drawn as one self-contained HTML
-//! page (`treegrpo view`): what a person
+//! page (`treegrpo view`), and reward curves as SVG ([`plot`]): what a person
 //! looks at to see how a rollout's trees branched, which leaves earned reward, and what
 //! the model wrote at each step.
 //!
@@ -22,6 +22,7 @@ use crate::env::Action;
 use crate::rollout::{Node, Tree};
 
 mod layout;
+pub mod plot;
 use layout::{layout, px, py};
 
 /// Horizontal room per leaf, in pixels.

@@ -1,0 +1,157 @@
+//! Flag groups several commands share: the search's shape and sampling (`rollout`,
+//! `train`) and the update's settings (`update`, `train`).
+
+use clap::Args;
+use treegrpo::engine::Sampling;
+use treegrpo::rollout::{Selection, TreeConfig, TreeShape};
+use treegrpo::train::{LossAgg, LossConfig, OptimizerConfig, OptimizerKind, UpdateConfig};
+
+#[derive(Debug, Clone, Args)]
+pub struct TreeFlags {
+    /// M: trees per prompt.
+    #[arg(long, default_value_t = 2)]
+    pub trees: usize,
+    /// N: branches per tree per expansion round.
+    #[arg(long, default_value_t = 2)]
+    pub expand: usize,
+    /// L: expansion rounds.
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// K: leaves kept per tree at random.
+    #[arg(long)]
+    pub keep: Option<usize>,
+    /// G independent chains per prompt instead of trees (the GRPO baseline).
+    #[arg(long, conflicts_with_all = ["trees", "expand", "rounds", "keep"])]
+    pub chains: Option<usize>,
+    /// Node selection: paper (distinct inner nodes) or reference (with replacement, root included).
+    #[arg(long, default_value = "paper")]
+    pub select: Selection,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Most tokens per agent step.
+    #[arg(long, default_value_t = 256)]
+    pub max_step_tokens: usize,
+    /// Tool turns before the forced answer turn.
+    #[arg(long, default_value_t = 3)]
+    pub turns: usize,
+}
+
+impl TreeFlags {
+    /// The search these flags describe (prefixes reused).
+    pub fn tree_config(&self) -> TreeConfig {
+        let sampling = Sampling::from_temperature(Some(self.temperature));
+        let mut cfg = match self.chains {
+            Some(g) => TreeConfig::chains(g, sampling, self.seed),
+            None => TreeConfig::new(
+                TreeShape {
+                    trees: self.trees,
+                    expand: self.expand,
+                    rounds: self.rounds,
+                    keep: self.keep,
+                    selection: self.select,
+                },
+                sampling,
+                self.seed,
+            ),
+        };
+        cfg.max_step_tokens = self.max_step_tokens;
+        cfg
+    }
+
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.chains.unwrap_or(self.trees) > 0,
+            "--trees / --chains must be at least 1"
+        );
+        anyhow::ensure!(
+            self.max_step_tokens > 0,
+            "--max-step-tokens must be at least 1"
+        );
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UpdateFlags {
+    #[arg(long, default_value = "adamw")]
+    pub optimizer: OptimizerKind,
+    #[arg(long, default_value_t = 1e-6)]
+    pub lr: f64,
+    #[arg(long, default_value_t = 0.01)]
+    pub weight_decay: f64,
+    /// Warm-up steps of a linear learning-rate ramp (0: constant).
+    #[arg(long, default_value_t = 0)]
+    pub warmup_steps: u64,
+    #[arg(long, default_value_t = 0.2)]
+    pub clip_low: f64,
+    #[arg(long, default_value_t = 0.2)]
+    pub clip_high: f64,
+    /// Dual-clip bound for negative advantages.
+    #[arg(long, default_value_t = 3.0)]
+    pub clip_c: f64,
+    #[arg(long, default_value = "token-mean")]
+    pub loss_agg: LossAgg,
+    /// k3 KL coefficient (the reference is the model before the update).
+    #[arg(long, default_value_t = 0.001)]
+    pub kl_coef: f64,
+    #[arg(long, default_value_t = 0.001)]
+    pub entropy_coef: f64,
+    /// Cap of the truncated importance weight between rollout and trainer logprobs.
+    #[arg(long, default_value_t = 2.0)]
+    pub tis_cap: f64,
+    /// Global grad-norm clip (0: none).
+    #[arg(long, default_value_t = 1.0)]
+    pub max_grad_norm: f64,
+    /// Forward every trajectory whole instead of each prompt's trajectories as a trie.
+    #[arg(long)]
+    pub no_packed: bool,
+    /// Rows per micro-batch (bounds memory; gradients accumulate across them).
+    #[arg(long, default_value_t = 2048)]
+    pub micro_batch_tokens: usize,
+}
+
+impl UpdateFlags {
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.lr.is_finite() && self.lr >= 0.0,
+            "--lr must be a non-negative number"
+        );
+        anyhow::ensure!(
+            self.micro_batch_tokens > 0,
+            "--micro-batch-tokens must be at least 1"
+        );
+        Ok(())
+    }
+
+    pub fn optimizer_config(&self) -> OptimizerConfig {
+        OptimizerConfig {
+            kind: self.optimizer,
+            lr: self.lr,
+            weight_decay: self.weight_decay,
+            warmup_steps: self.warmup_steps,
+            ..OptimizerConfig::default()
+        }
+    }
+
+    /// The update these flags describe, scoring under `temperature`.
+    pub fn update_config(&self, temperature: f64) -> UpdateConfig {
+        UpdateConfig {
+            loss: LossConfig {
+                clip_low: self.clip_low,
+                clip_high: self.clip_high,
+                clip_c: self.clip_c,
+                agg: self.loss_agg,
+                kl_coef: self.kl_coef,
+                entropy_coef: self.entropy_coef,
+                tis_cap: self.tis_cap,
+            },
+            max_grad_norm: self.max_grad_norm,
+            packed: !self.no_packed,
+            micro_batch_tokens: self.micro_batch_tokens,
+            temperature,
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Reward curves as one SVG (`treegrpo plot`, and `reward.svg` after `treegrpo train`):
+//! training reward and eval reward against cumulative computed tokens, one colour per
+//! run, with a legend. Plain data in, a string out; drawn with `plotters`.
+
+use plotters::prelude::*;
+
+/// One run's curves. Points are (cumulative computed tokens, reward).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RewardSeries {
+    pub label: String,
+    /// Mean reward of each step's rollouts.
+    pub reward: Vec<(f64, f64)>,
+    /// Greedy eval reward where evaluated.
+    pub eval: Vec<(f64, f64)>,
+}
+
+/// A chart that could not be drawn.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot draw the chart: {0}")]
+pub struct PlotError(String);
+
+fn err(e: impl std::fmt::Display) -> PlotError {
+    PlotError(e.to_string())
+}
+
+/// The run colours, in order (plotters' palette, readable on white).
+fn colour(i: usize) -> RGBColor {
+    let p = Palette99::pick(i).to_rgba();
+    RGBColor(p.0, p.1, p.2)
+}
+
+/// The chart of `series`, `width` × `height` pixels.
+pub fn reward_svg(series: &[RewardSeries], width: u32, height: u32) -> Result<String, PlotError> {
+    let all = series.iter().flat_map(|s| s.reward.iter().chain(&s.eval));
+    let x_max = all.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1.0);
+    let y_max = all.map(|p| p.1).fold(0.0f64, f64::max).max(0.05) * 1.1;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption("reward vs tokens computed", ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(52)
+            .build_cartesian_2d(0.0..x_max * 1.02, 0.0..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("cumulative tokens computed (rollouts)")
+            .y_desc("mean reward")
+            .x_label_formatter(&|x| format!("{:.0}k", x / 1000.0))
+            .draw()
+            .map_err(err)?;
+        for (i, s) in series.iter().enumerate() {
+            let c = colour(i);
+            chart
+                .draw_series(LineSeries::new(s.reward.iter().copied(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(format!("{} (rollouts)", s.label))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+            if !s.eval.is_empty() {
+                chart
+                    .draw_series(LineSeries::new(s.eval.iter().copied(), c.stroke_width(1)))
+                    .map_err(err)?;
+                chart
+                    .draw_series(
+                        s.eval
+                            .iter()
+                            .map(|&p| Circle::new(p, 4, c.filled())),
+                    )
+                    .map_err(err)?
+                    .label(format!("{} (eval, greedy)", s.label))
+                    .legend(move |(x, y)| Circle::new((x + 9, y), 4, c.filled()));
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::LowerRight)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
