@@ -49,11 +49,12 @@ fn calc(turns: usize, n: usize) -> (Arc<dyn Environment>, Vec<QaSample>, Vec<QaS
     (env, train, test)
 }
 
-/// Engine logits at every position of `tokens` (one forward, position by position).
+/// Engine logits at every position of `tokens` but the first (row `i`: the logits at
+/// position `i`, predicting token `i + 1`; row 0 is left empty).
 fn engine_logits(core: &mut EngineCore, tokens: &[u32]) -> Vec<Vec<f32>> {
     let seq = core.add_sequence(&tokens[..1]).unwrap();
     core.run_until_idle().unwrap();
-    let mut rows = vec![];
+    let mut rows = vec![Vec::new()];
     rows.extend(core.score(seq, &tokens[1..]).unwrap());
     core.free(seq).unwrap();
     rows

@@ -144,6 +144,7 @@ pub struct TrainRun {
     pub out: PathBuf,
     /// Where the run stands (0 steps on a fresh run).
     pub state: LoopState,
+    /// Open once the run starts (fresh) or resumes.
     log: Option<LogFile>,
     /// Lines logged so far (resumed ones included).
     pub logged: Vec<StepLog>,
@@ -187,7 +188,8 @@ fn train_samples(records: &[TrajectoryRecord]) -> Vec<TrainSample> {
 }
 
 impl TrainRun {
-    /// A fresh run writing into `out` (created; an existing `log.jsonl` is replaced).
+    /// A run writing into `out` (created). [`Self::run`] starts a fresh `log.jsonl`
+    /// unless [`Self::resume`] has opened the existing one.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         engine: Engine,
@@ -220,7 +222,7 @@ impl TrainRun {
                 cumulative_computed: 0,
                 base_version: 0,
             },
-            log: Some(LogFile::create(&out)?),
+            log: None,
             logged: Vec::new(),
             out,
         })
@@ -327,6 +329,9 @@ impl TrainRun {
         stop: Arc<StopSignal>,
         on_event: EventFn,
     ) -> Result<LoopOutcome, LoopError> {
+        if self.log.is_none() {
+            self.log = Some(LogFile::create(&self.out)?);
+        }
         let events = Arc::new(Mutex::new(on_event));
         let emit = |e: LoopEvent<'_>| (events.lock().expect("an event callback panicked"))(e);
         if self.state.step == 0 && self.logged.is_empty() {

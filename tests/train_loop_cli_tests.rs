@@ -1,0 +1,196 @@
+//! `treegrpo train` and `treegrpo sft` as a user runs them, on the default model and
+//! the calc task, with settings small enough for a test (one prompt a step, 16-token
+//! steps):
+//!
+//! - SIGINT during a run stops it with status 130, leaving `log.jsonl` whole (every
+//!   line valid JSON) and the last checkpoint loadable; `--resume` continues it, and
+//!   the resumed log equals an uninterrupted run's line for line (timings aside);
+//!   `reward.svg` is written.
+//! - `treegrpo sft` writes an HF checkpoint that `treegrpo train --model` starts from.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use treegrpo::closed_loop::{read_log, StepLog};
+
+fn treegrpo() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_treegrpo"))
+}
+
+/// The test's small run, writing into `out` (or resuming it).
+fn train_args(out: &Path, resume: bool) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "train",
+        "--task",
+        "calc",
+        "--steps",
+        "3",
+        "--prompts-per-step",
+        "1",
+        "--trees",
+        "1",
+        "--expand",
+        "2",
+        "--max-step-tokens",
+        "16",
+        "--turns",
+        "1",
+        "--eval-prompts",
+        "1",
+        "--lr",
+        "1e-5",
+        "--seed",
+        "11",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.push(if resume { "--resume" } else { "--out" }.into());
+    args.push(out.display().to_string());
+    args
+}
+
+fn timeless(dir: &Path) -> Vec<StepLog> {
+    read_log(&dir.join("log.jsonl"))
+        .unwrap()
+        .iter()
+        .map(StepLog::without_timings)
+        .collect()
+}
+
+#[test]
+fn sigint_leaves_log_and_checkpoint_whole_and_resume_reproduces_the_uninterrupted_log() {
+    let model = common::default_model();
+    let dir = tempfile::tempdir().unwrap();
+
+    let whole = dir.path().join("whole");
+    let status = treegrpo()
+        .args(train_args(&whole, false))
+        .arg("--model")
+        .arg(&model)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let expected = timeless(&whole);
+    assert_eq!(expected.len(), 4);
+    assert!(whole.join("reward.svg").exists());
+
+    let cut = dir.path().join("cut");
+    let mut child = treegrpo()
+        .args(train_args(&cut, false))
+        .arg("--model")
+        .arg(&model)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Interrupt once step 1 is logged (and so checkpointed: every step is).
+    let log = cut.join("log.jsonl");
+    // A hang guard, not a timing assertion.
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    while read_log(&log).map(|l| l.len()).unwrap_or(0) < 2 {
+        assert!(Instant::now() < deadline, "step 1 never finished");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("train ended before the interrupt: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let killed = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    // The signal may land after the last step finished; then the run ends normally.
+    let lines = read_log(&log).expect("every line of the log is whole");
+    if lines.len() < 4 {
+        assert_eq!(output.status.code(), Some(130), "stderr: {stderr}");
+        assert!(stderr.contains("--resume"), "stderr: {stderr}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.ends_with('\n'), "the log ends mid-line");
+    let state: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cut.join("checkpoint/loop_state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        state["step"].as_u64(),
+        lines.last().map(|l| l.step),
+        "the checkpoint is the last logged step's"
+    );
+    // The checkpoint is an HF directory the product loads.
+    treegrpo::model::LoadedModel::load(&cut.join("checkpoint")).unwrap();
+
+    let output = treegrpo()
+        .args(train_args(&cut, true))
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(timeless(&cut), expected);
+}
+
+#[test]
+fn sft_writes_a_checkpoint_that_train_starts_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("sft");
+    let output = treegrpo()
+        .args([
+            "sft",
+            "--task",
+            "calc",
+            "--examples",
+            "4",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "4",
+            "--model",
+        ])
+        .arg(common::default_model())
+        .arg("--out")
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ck.join("sft_summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["demonstrations"], 4);
+    assert_eq!(summary["demonstration_reward"], 1.0);
+    assert_eq!(summary["steps"], 1);
+    let sft_log = std::fs::read_to_string(ck.join("sft_log.jsonl")).unwrap();
+    assert_eq!(sft_log.lines().count(), 1);
+
+    let run = dir.path().join("run");
+    let mut args = train_args(&run, false);
+    args[4] = "1".into(); // one step
+    let output = treegrpo()
+        .args(args)
+        .arg("--model")
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines = read_log(&run.join("log.jsonl")).unwrap();
+    assert_eq!(lines.len(), 2);
+    assert!(lines[1].rollouts > 0);
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    assert_eq!(recorded["model"].as_str(), ck.to_str());
+}
