@@ -20,7 +20,7 @@
 //! 9. [`closed_loop`] — `treegrpo sft` and `treegrpo train`: the warm-start, then
 //!    rollouts → advantages → update → weight swap, step after step.
 //! 10. [`bench`] — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
-//!    `mistralrs` feature) on the same prompts and seed, measured.
+//!     `mistralrs` feature) on the same prompts and seed, measured.
 //!
 //! See `ARCHITECTURE.md` for the invariants and where to change what.
 

@@ -1,7 +1,8 @@
 //! Swapping the served weights: nothing computed under the old weights is used after
 //! the swap (cached prefixes are recomputed, live sequences recompute their KV), every
-//! generation names the weights it came from, and a generation in flight finishes on
-//! the old weights while commands sent after the swap run on the new ones.
+//! generation names the weights it came from, a generation in flight finishes on the
+//! old weights while commands sent after the swap run on the new ones, and weights
+//! load from a checkpoint directory as `treegrpo train` writes it.
 //!
 //! Oracle: a fresh engine started on the new weights. Every row's arithmetic is fixed,
 //! so after a swap the engine must give bit-identically what the fresh one gives.
@@ -85,7 +86,11 @@ fn a_prefix_cached_before_a_swap_is_recomputed_and_results_name_the_new_version(
     assert_eq!(version, 1);
     assert_eq!(core.stats().weight_version, 1);
     assert_eq!(core.stats().counters.weight_swaps, 1);
-    assert_eq!(core.kv().stats().cached, 0, "stale cached blocks were freed");
+    assert_eq!(
+        core.kv().stats().cached,
+        0,
+        "stale cached blocks were freed"
+    );
 
     let before = core.stats().counters;
     let seq = core.add_sequence(&p).unwrap();
@@ -104,7 +109,10 @@ fn a_prefix_cached_before_a_swap_is_recomputed_and_results_name_the_new_version(
     assert_eq!(new_gen.weight_version, 1);
     let oracle = fresh_generation(&f.new, &p);
     assert_eq!(new_gen.tokens, oracle.tokens);
-    assert_eq!(new_gen.logprobs, oracle.logprobs, "bit-identical to a fresh engine");
+    assert_eq!(
+        new_gen.logprobs, oracle.logprobs,
+        "bit-identical to a fresh engine"
+    );
     assert_ne!(
         old_gen.logprobs, new_gen.logprobs,
         "the new weights do change the result"
@@ -180,6 +188,38 @@ fn weights_of_another_shape_are_refused() {
     let err = core.swap_weights(other.model.clone()).unwrap_err();
     assert!(matches!(err, EngineError::WeightShape { .. }), "{err}");
     assert_eq!(core.weight_version(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_load_from_a_checkpoint_directory() {
+    let f = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let params =
+        treegrpo::train::Params::from_model(&f.old.model, candle_core::DType::F32).unwrap();
+    treegrpo::train::save_checkpoint(
+        &ck,
+        &params,
+        treegrpo::train::CheckpointExtras {
+            tokenizer: &f.old.tokenizer,
+            chat_template: f.old.chat_template.as_ref(),
+            optimizer: None,
+            loop_state: None,
+        },
+    )
+    .unwrap();
+    let p = prompt(&f.old, "Which river flows through Vienna?");
+    let engine = Engine::start(f.old.clone(), EngineConfig::default()).unwrap();
+    assert_eq!(engine.load_weights_from(&ck).await.unwrap(), 1);
+    let seq = engine.add_sequence(p.clone()).await.unwrap();
+    let got = engine.generate(seq, GenParams::greedy(12)).await.unwrap();
+    assert_eq!(got.weight_version, 1);
+    let fresh = Arc::new(LoadedModel::load(&ck).unwrap());
+    assert_eq!(got.logprobs, fresh_generation(&fresh, &p).logprobs);
+    // A file that is not a model fails the call and changes nothing.
+    let err = engine.load_weights_from(&dir.path().join("missing")).await;
+    assert!(matches!(err, Err(EngineError::Model(_))), "{err:?}");
+    assert_eq!(engine.stats().await.unwrap().weight_version, 1);
 }
 
 /// `f`, polled once (an engine call sends its command on its first poll).

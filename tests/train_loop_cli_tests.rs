@@ -52,6 +52,16 @@ fn train_args(out: &Path, resume: bool) -> Vec<String> {
     args
 }
 
+/// Runs `cmd` to the end and fails the test with its stderr unless it succeeded.
+fn run_ok(cmd: &mut Command) {
+    let output = cmd.stdout(Stdio::null()).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 fn timeless(dir: &Path) -> Vec<StepLog> {
     read_log(&dir.join("log.jsonl"))
         .unwrap()
@@ -66,14 +76,12 @@ fn sigint_leaves_log_and_checkpoint_whole_and_resume_reproduces_the_uninterrupte
     let dir = tempfile::tempdir().unwrap();
 
     let whole = dir.path().join("whole");
-    let status = treegrpo()
-        .args(train_args(&whole, false))
-        .arg("--model")
-        .arg(&model)
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
+    run_ok(
+        treegrpo()
+            .args(train_args(&whole, false))
+            .arg("--model")
+            .arg(&model),
+    );
     let expected = timeless(&whole);
     assert_eq!(expected.len(), 4);
     assert!(whole.join("reward.svg").exists());
@@ -125,16 +133,7 @@ fn sigint_leaves_log_and_checkpoint_whole_and_resume_reproduces_the_uninterrupte
     // The checkpoint is an HF directory the product loads.
     treegrpo::model::LoadedModel::load(&cut.join("checkpoint")).unwrap();
 
-    let output = treegrpo()
-        .args(train_args(&cut, true))
-        .stdout(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_ok(treegrpo().args(train_args(&cut, true)));
     assert_eq!(timeless(&cut), expected);
 }
 
@@ -142,28 +141,23 @@ fn sigint_leaves_log_and_checkpoint_whole_and_resume_reproduces_the_uninterrupte
 fn sft_writes_a_checkpoint_that_train_starts_from() {
     let dir = tempfile::tempdir().unwrap();
     let ck = dir.path().join("sft");
-    let output = treegrpo()
-        .args([
-            "sft",
-            "--task",
-            "calc",
-            "--examples",
-            "4",
-            "--epochs",
-            "1",
-            "--batch-size",
-            "4",
-            "--model",
-        ])
-        .arg(common::default_model())
-        .arg("--out")
-        .arg(&ck)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
+    run_ok(
+        treegrpo()
+            .args([
+                "sft",
+                "--task",
+                "calc",
+                "--examples",
+                "4",
+                "--epochs",
+                "1",
+                "--batch-size",
+                "4",
+                "--model",
+            ])
+            .arg(common::default_model())
+            .arg("--out")
+            .arg(&ck),
     );
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(ck.join("sft_summary.json")).unwrap()).unwrap();
@@ -176,17 +170,7 @@ fn sft_writes_a_checkpoint_that_train_starts_from() {
     let run = dir.path().join("run");
     let mut args = train_args(&run, false);
     args[4] = "1".into(); // one step
-    let output = treegrpo()
-        .args(args)
-        .arg("--model")
-        .arg(&ck)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    run_ok(treegrpo().args(args).arg("--model").arg(&ck));
     let lines = read_log(&run.join("log.jsonl")).unwrap();
     assert_eq!(lines.len(), 2);
     assert!(lines[1].rollouts > 0);

@@ -26,7 +26,7 @@ use treegrpo::engine::{Engine, EngineConfig, EngineCore, Sampling};
 use treegrpo::env::{Environment, QaSample, Split, Task, TaskData};
 use treegrpo::model::kernels::WeightFormat;
 use treegrpo::model::LoadedModel;
-use treegrpo::rollout::{demonstrations, TreeConfig, TreeShape, Selection};
+use treegrpo::rollout::{demonstrations, Selection, TreeConfig, TreeShape};
 use treegrpo::train::pack::pack;
 use treegrpo::train::{Optimizer, OptimizerConfig, Params, UpdateConfig};
 
@@ -62,7 +62,12 @@ fn engine_logits(core: &mut EngineCore, tokens: &[u32]) -> Vec<Vec<f32>> {
 
 fn log_softmax_at(row: &[f32], target: u32) -> f64 {
     let top = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = row.iter().map(|&v| (v as f64 - top).exp()).sum::<f64>().ln() + top;
+    let lse = row
+        .iter()
+        .map(|&v| (v as f64 - top).exp())
+        .sum::<f64>()
+        .ln()
+        + top;
     row[target as usize] as f64 - lse
 }
 
@@ -70,7 +75,9 @@ fn log_softmax_at(row: &[f32], target: u32) -> f64 {
 fn served_trainer_weights_match_the_engine_before_and_the_trainer_after_an_update() {
     let m = model();
     let (env, train, _) = calc(2, 4);
-    let demos = rt().block_on(demonstrations(&m, env.as_ref(), &train)).unwrap();
+    let demos = rt()
+        .block_on(demonstrations(&m, env.as_ref(), &train))
+        .unwrap();
     let sample = sft_sample(&demos[0]);
     let params = Params::from_model(&m.model, DType::F32).unwrap();
 
@@ -91,7 +98,14 @@ fn served_trainer_weights_match_the_engine_before_and_the_trainer_after_an_updat
         batch_size: 1,
         ..SftConfig::default()
     };
-    run_sft(&params, &mut opt, std::slice::from_ref(&sample), &cfg, &mut |_| {}).unwrap();
+    run_sft(
+        &params,
+        &mut opt,
+        std::slice::from_ref(&sample),
+        &cfg,
+        &mut |_| {},
+    )
+    .unwrap();
     let version = q4
         .swap_weights(Arc::new(params.to_model(WeightFormat::F32).unwrap()))
         .unwrap();
@@ -191,11 +205,16 @@ fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
         .collect();
     assert_eq!(expected.len(), 4, "step 0 and three steps");
     assert_eq!(
-        expected.iter().map(|l| l.weight_version).collect::<Vec<_>>(),
+        expected
+            .iter()
+            .map(|l| l.weight_version)
+            .collect::<Vec<_>>(),
         vec![0, 0, 1, 2],
         "each step's rollouts come from the policy before it"
     );
-    assert!(expected[1..].iter().all(|l| l.rollouts > 0 && l.tokens.computed > 0));
+    assert!(expected[1..]
+        .iter()
+        .all(|l| l.rollouts > 0 && l.tokens.computed > 0));
 
     // The same run, stopped once step 2 has started (as SIGINT would stop it).
     let cut = dir.path().join("cut");
@@ -229,8 +248,15 @@ fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
 }
 
 /// Greedy eval reward of the first `n` test questions under the engine's policy.
-fn eval(rt: &tokio::runtime::Runtime, engine: &Engine, env: &Arc<dyn Environment>, test: &[QaSample]) -> f64 {
-    rt.block_on(evaluate(engine, env, test, 64)).unwrap().mean_reward
+fn eval(
+    rt: &tokio::runtime::Runtime,
+    engine: &Engine,
+    env: &Arc<dyn Environment>,
+    test: &[QaSample],
+) -> f64 {
+    rt.block_on(evaluate(engine, env, test, 64))
+        .unwrap()
+        .mean_reward
 }
 
 /// Warm-start then Tree-GRPO on calc at learning rate `lr` (the same `lr` for both);
@@ -242,8 +268,13 @@ fn warm_start_then_rl(m: &Arc<LoadedModel>, lr_sft: f64, lr_rl: f64, out: &Path)
     let engine = Engine::start(m.clone(), EngineConfig::default()).unwrap();
     let before = eval(&rt, &engine, &env, test);
 
-    let demos = rt.block_on(demonstrations(m, env.as_ref(), &train)).unwrap();
-    assert!(demos.iter().all(|d| d.reward == 1.0), "the oracle solves every question");
+    let demos = rt
+        .block_on(demonstrations(m, env.as_ref(), &train))
+        .unwrap();
+    assert!(
+        demos.iter().all(|d| d.reward == 1.0),
+        "the oracle solves every question"
+    );
     let params = Params::from_model(&m.model, DType::F32).unwrap();
     let mut opt = Optimizer::new(OptimizerConfig {
         lr: lr_sft,
@@ -315,7 +346,11 @@ fn warm_start_then_rl(m: &Arc<LoadedModel>, lr_sft: f64, lr_rl: f64, out: &Path)
         .unwrap();
     assert_eq!(outcome, LoopOutcome::Finished { steps: 2 });
     let lines = lines.lock().unwrap();
-    assert_eq!(lines[0].eval_reward, Some(warm), "the loop's step 0 is the warm start");
+    assert_eq!(
+        lines[0].eval_reward,
+        Some(warm),
+        "the loop's step 0 is the warm start"
+    );
     let after = lines.last().unwrap().eval_reward.unwrap();
     for l in lines.iter() {
         eprintln!(
@@ -331,7 +366,9 @@ fn warm_start_and_tree_grpo_raise_the_eval_reward_and_learning_rate_zero_does_no
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     let [before, warm, after] = warm_start_then_rl(&m, 1e-4, 1e-5, &dir.path().join("learn"));
-    eprintln!("eval reward: before {before:.3}, after the warm-start {warm:.3}, after RL {after:.3}");
+    eprintln!(
+        "eval reward: before {before:.3}, after the warm-start {warm:.3}, after RL {after:.3}"
+    );
     // Margin: the default model never writes the calc protocol (0.0 on these ten
     // questions); two warm-start steps and two RL steps reach 0.2 or more (measured
     // 0.24 after the warm-start alone in `treegrpo sft`).
@@ -340,6 +377,9 @@ fn warm_start_and_tree_grpo_raise_the_eval_reward_and_learning_rate_zero_does_no
     let [c_before, c_warm, c_after] = warm_start_then_rl(&m, 0.0, 0.0, &dir.path().join("control"));
     eprintln!("control (lr 0): {c_before:.3}, {c_warm:.3}, {c_after:.3}");
     assert_eq!(c_before, before);
-    assert_eq!(c_warm, c_before, "lr 0 leaves the weights, hence the greedy policy, as they were");
+    assert_eq!(
+        c_warm, c_before,
+        "lr 0 leaves the weights, hence the greedy policy, as they were"
+    );
     assert_eq!(c_after, c_before);
 }

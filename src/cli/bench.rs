@@ -2,7 +2,6 @@
 //! table or JSON (the figures README.md and BENCHMARKS.md quote).
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
@@ -11,20 +10,11 @@ use treegrpo::bench::{
     BenchReport, BenchSettings, DecodeSpeed, ModeKind,
 };
 use treegrpo::engine::Sampling;
-use treegrpo::env::{Task, TaskData};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Built-in task: search-qa or calc.
-    #[arg(long, default_value = "search-qa")]
-    pub task: Task,
-    /// Data folder of your own (default: the task's committed data, built into the
-    /// binary).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// A .gguf file or an HF directory (default: the default model).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: super::flags::TaskFlags,
     #[arg(long, default_value_t = 16)]
     pub prompts: usize,
     #[arg(long, default_value_t = 0)]
@@ -92,12 +82,13 @@ impl ServedWeights {
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
-    let model_path = treegrpo::model::fetch::model_path_or_default(a.model.as_deref(), &mut |m| {
-        eprintln!("{m}")
-    })?;
+    let model_path =
+        treegrpo::model::fetch::model_path_or_default(a.source.model.as_deref(), &mut |m| {
+            eprintln!("{m}")
+        })?;
     let model = Arc::new(a.weights.load(&model_path)?);
-    let data = TaskData::from_option(a.data.clone());
-    let (env, samples) = a.task.setup(&data, a.turns, a.prompts)?;
+    let data = a.source.data();
+    let (env, samples) = a.source.task.setup(&data, a.turns, a.prompts)?;
     let settings = BenchSettings {
         prompts: samples.len(),
         seed: a.seed,
@@ -129,7 +120,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         machine: machine_info(),
         model: model_path.display().to_string(),
         weights: format!("{:?}", a.weights).to_lowercase(),
-        task: format!("{:?}", a.task),
+        task: format!("{:?}", a.source.task),
         settings,
         runs: Vec::new(),
         decode: Vec::new(),

@@ -1,10 +1,35 @@
-//! Flag groups several commands share: the search's shape and sampling (`rollout`,
-//! `train`) and the update's settings (`update`, `train`).
+//! Flag groups several commands share: the task, its data and the model (`rollout`,
+//! `bench`, `sft`, `train`), the search's shape and sampling (`rollout`, `train`) and
+//! the update's settings (`update`, `train`).
+
+use std::path::PathBuf;
 
 use clap::Args;
 use treegrpo::engine::Sampling;
+use treegrpo::env::{Task, TaskData};
 use treegrpo::rollout::{Selection, TreeConfig, TreeShape};
 use treegrpo::train::{LossAgg, LossConfig, OptimizerConfig, OptimizerKind, UpdateConfig};
+
+#[derive(Debug, Clone, Args)]
+pub struct TaskFlags {
+    /// Built-in task: search-qa (multi-hop QA, BM25 search tool) or calc (calculator).
+    #[arg(long, default_value = "search-qa")]
+    pub task: Task,
+    /// Data folder of your own in the task's layout (search-qa: corpus.jsonl,
+    /// train.jsonl, test.jsonl; calc: train.jsonl, test.jsonl); default: the task's
+    /// committed data, built into the binary.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// A .gguf file or an HF directory (default: the default model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+impl TaskFlags {
+    pub fn data(&self) -> TaskData {
+        TaskData::from_option(self.data.clone())
+    }
+}
 
 #[derive(Debug, Clone, Args)]
 pub struct TreeFlags {

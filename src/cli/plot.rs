@@ -18,8 +18,10 @@ pub struct PlotArgs {
 
 /// A run's label: its folder name.
 fn label(dir: &Path) -> String {
-    dir.file_name()
-        .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+    dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    )
 }
 
 /// Reads each run's log and writes the chart to `out`.

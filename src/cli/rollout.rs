@@ -7,23 +7,14 @@ use std::sync::Arc;
 use clap::Args;
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::engine::{Engine, EngineConfig};
-use treegrpo::env::{Task, TaskData};
 use treegrpo::rollout::{
     run_rollout, Interrupt, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, TreeConfig,
 };
 
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
-    /// Built-in task: search-qa (multi-hop QA, BM25 search tool) or calc (calculator).
-    #[arg(long, default_value = "search-qa")]
-    pub task: Task,
-    /// Data folder of your own (search-qa: corpus.jsonl + train.jsonl; calc:
-    /// train.jsonl); default: the task's committed data, built into the binary.
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// A .gguf file or an HF directory (default: the default model).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: super::flags::TaskFlags,
     /// Number of prompts (questions) to roll out.
     #[arg(long, default_value_t = 8)]
     pub prompts: usize,
@@ -71,8 +62,8 @@ pub async fn execute(
     out: Option<Output>,
     interrupt: Option<Interrupt>,
 ) -> anyhow::Result<RunSummary> {
-    let data = TaskData::from_option(a.data.clone());
-    let (env, samples) = a.task.setup(&data, a.tree.turns, a.prompts)?;
+    let data = a.source.data();
+    let (env, samples) = a.source.task.setup(&data, a.tree.turns, a.prompts)?;
     let advantage = a.advantage.unwrap_or(cfg.default_advantage());
     let progress = |p: treegrpo::rollout::Progress| {
         eprint!(
@@ -110,7 +101,7 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
     a.tree.check()?;
     let cfg = a.tree_config();
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
-    let model = Arc::new(super::load_model(a.model.as_deref())?);
+    let model = Arc::new(super::load_model(a.source.model.as_deref())?);
     let engine = Engine::start(
         model,
         EngineConfig {

@@ -9,21 +9,14 @@ use candle_core::DType;
 use clap::Args;
 use treegrpo::closed_loop::{evaluate, warm_start, SftConfig, SftStepLog};
 use treegrpo::engine::{Engine, EngineConfig};
-use treegrpo::env::{Split, Task, TaskData};
+use treegrpo::env::Split;
 use treegrpo::model::kernels::WeightFormat;
 use treegrpo::train::{save_checkpoint, CheckpointExtras, Params};
 
 #[derive(Debug, Args)]
 pub struct SftArgs {
-    /// Built-in task: search-qa or calc.
-    #[arg(long, default_value = "search-qa")]
-    pub task: Task,
-    /// Data folder of your own (default: the task's committed data).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// A .gguf file or an HF directory (default: the default model).
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: super::flags::TaskFlags,
     /// Demonstrations: the oracle plays the first N training questions.
     #[arg(long, default_value_t = 32)]
     pub examples: usize,
@@ -73,10 +66,10 @@ pub fn run(a: SftArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.examples > 0, "--examples must be at least 1");
     anyhow::ensure!(a.batch_size > 0, "--batch-size must be at least 1");
     anyhow::ensure!(a.lr.is_finite() && a.lr >= 0.0, "--lr must be non-negative");
-    let model = Arc::new(super::load_model(a.model.as_deref())?);
-    let data = TaskData::from_option(a.data.clone());
-    let (env, samples) = a.task.setup(&data, a.turns, a.examples)?;
-    let test = a.task.split(&data, Split::Test, a.eval_prompts)?;
+    let model = Arc::new(super::load_model(a.source.model.as_deref())?);
+    let data = a.source.data();
+    let (env, samples) = a.source.task.setup(&data, a.turns, a.examples)?;
+    let test = a.source.task.split(&data, Split::Test, a.eval_prompts)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -145,7 +138,7 @@ pub fn run(a: SftArgs) -> anyhow::Result<()> {
     let log_path = a.out.join("sft_log.jsonl");
     std::fs::write(&log_path, log).map_err(|e| anyhow::anyhow!("{}: {e}", log_path.display()))?;
     let summary = serde_json::json!({
-        "task": a.task,
+        "task": a.source.task,
         "demonstrations": ws.demonstrations,
         "demonstration_reward": ws.demonstration_reward,
         "model_tokens": ws.model_tokens,

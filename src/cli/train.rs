@@ -13,11 +13,11 @@ use treegrpo::closed_loop::{
     self, evaluate, LoopConfig, LoopEvent, LoopOutcome, SftConfig, StepLog, StopSignal, TrainRun,
 };
 use treegrpo::engine::{Engine, EngineConfig};
-use treegrpo::env::{Split, Task, TaskData};
+use treegrpo::env::Split;
 use treegrpo::model::kernels::WeightFormat;
 use treegrpo::train::{Optimizer, Params};
 
-use super::flags::{TreeFlags, UpdateFlags};
+use super::flags::{TaskFlags, TreeFlags, UpdateFlags};
 
 /// How the engine holds the trainer's weights after an update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -30,16 +30,10 @@ pub enum ServeFormat {
 
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// Built-in task: search-qa or calc.
-    #[arg(long, default_value = "search-qa")]
-    pub task: Task,
-    /// Data folder of your own (default: the task's committed data).
-    #[arg(long)]
-    pub data: Option<PathBuf>,
-    /// A .gguf file or an HF directory, e.g. a `treegrpo sft` checkpoint (default:
-    /// the default model). A resumed run takes the one its run.json names.
-    #[arg(long)]
-    pub model: Option<PathBuf>,
+    /// `--model` may be a `treegrpo sft` checkpoint; a resumed run takes the model
+    /// its run.json names unless `--model` is given.
+    #[command(flatten)]
+    pub source: TaskFlags,
     #[arg(long, default_value_t = 4)]
     pub steps: u64,
     #[arg(long, default_value_t = 8)]
@@ -80,8 +74,9 @@ pub struct TrainArgs {
     /// Most prompts grown at once (0: all).
     #[arg(long, default_value_t = 16)]
     pub concurrent_prompts: usize,
-    /// Continue the run in DIR from its last checkpoint (its log from there equals an
-    /// uninterrupted run's).
+    /// Continue the run in DIR from its last checkpoint, with the flags it was started
+    /// with (its log from there equals an uninterrupted run's); the model and the
+    /// warm-start size come from DIR/run.json.
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     pub resume: Option<PathBuf>,
     /// Run folder: log.jsonl, checkpoint/, run.json, reward.svg.
@@ -94,29 +89,45 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> anyhow::Error + '_ {
 }
 
 /// The source model a run folder's `run.json` names.
-fn recorded_model(dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+/// What a run folder's `run.json` records (the source model, the warm-start size).
+fn recorded(dir: &Path) -> anyhow::Result<serde_json::Value> {
     let path = dir.join("run.json");
     let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
-    Ok(v.get("model").and_then(|m| m.as_str()).map(PathBuf::from))
+    Ok(serde_json::from_str(&text)?)
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     a.tree.check()?;
     a.update.check()?;
-    anyhow::ensure!(a.prompts_per_step > 0, "--prompts-per-step must be at least 1");
-    let out = a.resume.clone().or(a.out.clone()).expect("clap requires one");
-    let model_path = match (&a.model, &a.resume) {
+    anyhow::ensure!(
+        a.prompts_per_step > 0,
+        "--prompts-per-step must be at least 1"
+    );
+    let out = a
+        .resume
+        .clone()
+        .or(a.out.clone())
+        .expect("clap requires one");
+    let record = a.resume.as_deref().map(recorded).transpose()?;
+    let model_path = match (&a.source.model, &record) {
         (Some(m), _) => Some(m.clone()),
-        (None, Some(dir)) => recorded_model(dir)?,
+        (None, Some(r)) => r.get("model").and_then(|m| m.as_str()).map(PathBuf::from),
         (None, None) => None,
     };
-    let path =
-        treegrpo::model::fetch::model_path_or_default(model_path.as_deref(), &mut |m| eprintln!("{m}"))?;
+    // RL prompts start after the warm-start's questions, so its rewards are not on
+    // questions the model was shown solved.
+    let warm_started = match &record {
+        Some(r) => r.get("warm_start").and_then(|w| w.as_u64()).unwrap_or(0) as usize,
+        None => a.warm_start,
+    };
+    let path = treegrpo::model::fetch::model_path_or_default(model_path.as_deref(), &mut |m| {
+        eprintln!("{m}")
+    })?;
     let model = Arc::new(treegrpo::model::LoadedModel::load(&path)?);
-    let data = TaskData::from_option(a.data.clone());
-    let (env, train) = a.task.setup(&data, a.tree.turns, usize::MAX)?;
-    let test = a.task.split(&data, Split::Test, a.eval_prompts)?;
+    let data = a.source.data();
+    let (env, mut train) = a.source.task.setup(&data, a.tree.turns, usize::MAX)?;
+    train.drain(..warm_started.min(train.len()));
+    let test = a.source.task.split(&data, Split::Test, a.eval_prompts)?;
     let tree = a.tree.tree_config();
     let serve_format = match a.serve {
         ServeFormat::F32 => WeightFormat::F32,
@@ -153,7 +164,17 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     if a.resume.is_none() && a.warm_start > 0 {
-        warm_start(&a, &rt, &model, &engine, &env, &test, &params, &out, serve_format)?;
+        warm_start(
+            &a,
+            &rt,
+            &model,
+            &engine,
+            &env,
+            &test,
+            &params,
+            &out,
+            serve_format,
+        )?;
     }
     let mut run = TrainRun::new(
         engine,
@@ -172,7 +193,8 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     } else {
         let record = serde_json::json!({
             "model": path,
-            "task": a.task,
+            "task": a.source.task,
+            "warm_start": a.warm_start,
             "steps": a.steps,
             "prompts_per_step": a.prompts_per_step,
             "config": run.config.tree,
@@ -225,10 +247,17 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     });
     let outcome = rt.block_on(run.run(stop, on_event))?;
     let svg = out.join("reward.svg");
-    super::plot::write_plot(&[out.clone()], &svg)?;
-    eprintln!("wrote {}/log.jsonl, checkpoint/, {}", out.display(), svg.display());
+    super::plot::write_plot(std::slice::from_ref(&out), &svg)?;
+    eprintln!(
+        "wrote {}/log.jsonl, checkpoint/, {}",
+        out.display(),
+        svg.display()
+    );
     if let LoopOutcome::Interrupted { completed } = outcome {
-        eprintln!("interrupted after step {completed}; continue with --resume {}", out.display());
+        eprintln!(
+            "interrupted after step {completed}; continue with --resume {}",
+            out.display()
+        );
         std::process::exit(130);
     }
     Ok(())
@@ -251,13 +280,16 @@ fn warm_start(
     let before = if test.is_empty() {
         None
     } else {
-        eprint!("evaluating the untrained model on {} test questions (greedy) … ", test.len());
+        eprint!(
+            "evaluating the untrained model on {} test questions (greedy) … ",
+            test.len()
+        );
         let e = rt.block_on(evaluate(engine, env, test, a.tree.max_step_tokens))?;
         eprintln!("eval reward {:.3}", e.mean_reward);
         Some(e.mean_reward)
     };
-    let data = TaskData::from_option(a.data.clone());
-    let samples = a.task.split(&data, Split::Train, a.warm_start)?;
+    let data = a.source.data();
+    let samples = a.source.task.split(&data, Split::Train, a.warm_start)?;
     let cfg = SftConfig {
         epochs: a.warm_start_epochs,
         seed: a.tree.seed,

@@ -51,6 +51,30 @@ pub struct StepLog {
 }
 
 impl StepLog {
+    /// Step 0: the evaluation before any update, under weight version `version`.
+    pub fn before_training(version: u64, eval: Option<(f64, f64)>) -> StepLog {
+        StepLog {
+            step: 0,
+            weight_version: version,
+            reward_mean: 0.0,
+            eval_reward: eval.map(|e| e.0),
+            rollouts: 0,
+            tokens: StepTokens::default(),
+            loss: 0.0,
+            pg_loss: 0.0,
+            nll: 0.0,
+            kl: 0.0,
+            entropy: 0.0,
+            grad_norm: 0.0,
+            clip_fraction: 0.0,
+            tis_mean: 0.0,
+            lr: 0.0,
+            rollout_seconds: 0.0,
+            update_seconds: 0.0,
+            eval_seconds: eval.map_or(0.0, |e| e.1),
+        }
+    }
+
     /// The line with every timing zeroed: what an interrupted-and-resumed run must
     /// reproduce exactly.
     pub fn without_timings(&self) -> StepLog {

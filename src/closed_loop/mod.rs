@@ -6,13 +6,15 @@
 //! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
 //!   evaluation, checkpoints with the loop's state, resume, stop signal.
 //! - [`eval`]: greedy mean reward on held-out prompts.
+//! - [`samples`]: trajectories as the update's samples.
 //! - [`log`]: `log.jsonl`, one synced line per step, read back on resume.
-//! - [`error`]: [`LoopError`].
+//! - [`error`]: the layer's error type, [`LoopError`].
 
 pub mod error;
 pub mod eval;
 pub mod log;
 pub mod run;
+pub mod samples;
 pub mod sft;
 
 pub use error::LoopError;

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use super::error::LoopError;
 use super::eval::evaluate;
 use super::log::{LogFile, StepLog, StepTokens};
+use super::samples::train_sample;
 use crate::advantage::AdvantageMode;
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
@@ -76,10 +77,7 @@ pub enum LoopEvent<'a> {
     /// A prompt of step `step`'s rollout finished.
     Rollout { step: u64, progress: Progress },
     /// A micro-batch of step `step`'s update finished.
-    Update {
-        step: u64,
-        progress: UpdateProgress,
-    },
+    Update { step: u64, progress: UpdateProgress },
     /// Evaluation after step `step` (0: before training) starts.
     Evaluating { step: u64 },
     /// Step `step` is done and logged.
@@ -157,33 +155,22 @@ pub fn checkpoint_dir(out: &Path) -> PathBuf {
 
 /// The seed of step `step`'s rollouts: a stream of its own per step.
 fn step_seed(run_seed: u64, step: u64) -> u64 {
-    SeqRng::from_parts(&[run_seed, step, 0x7472_6169_6e]).next_u64()
+    SeqRng::from_parts(&[run_seed, step, 0x0074_7261_696e]).next_u64()
 }
 
 /// The prompts of step `step` (1-based): the next `n` of `train`, cycling.
 fn step_samples(train: &[QaSample], step: u64, n: usize) -> Vec<QaSample> {
     let start = (step as usize - 1) * n;
-    (0..n).map(|i| train[(start + i) % train.len()].clone()).collect()
+    (0..n)
+        .map(|i| train[(start + i) % train.len()].clone())
+        .collect()
 }
 
 /// A rollout's leaves as update samples.
 fn train_samples(records: &[TrajectoryRecord]) -> Vec<TrainSample> {
     records
         .iter()
-        .map(|r| {
-            let t = &r.trajectory;
-            let mut tokens = t.prompt_ids.clone();
-            tokens.extend_from_slice(&t.response_ids);
-            TrainSample {
-                tokens,
-                prompt_len: t.prompt_ids.len(),
-                response_mask: t.response_mask.clone(),
-                rollout_logprobs: Some(t.response_logprobs.iter().map(|&l| f64::from(l)).collect()),
-                old_logprobs: None,
-                ref_logprobs: None,
-                advantage: r.advantage,
-            }
-        })
+        .map(|r| train_sample(&r.trajectory, r.advantage, true))
         .collect()
 }
 
@@ -249,12 +236,11 @@ impl TrainRun {
             message: e.to_string(),
         })?;
         restore_weights(&dir, &self.params)?;
-        let mut optimizer = crate::train::load_optimizer(&dir, &self.params)?.ok_or_else(|| {
-            LoopError::Resume {
+        let mut optimizer =
+            crate::train::load_optimizer(&dir, &self.params)?.ok_or_else(|| LoopError::Resume {
                 path: dir.clone(),
                 message: "the checkpoint has no optimiser state".into(),
-            }
-        })?;
+            })?;
         // The flags of this invocation (learning rate, …) rule; the moments and the
         // step count are the checkpoint's.
         optimizer.config = self.optimizer.config;
@@ -273,7 +259,9 @@ impl TrainRun {
     async fn serve(&self, step: u64) -> Result<(), LoopError> {
         let model = self.params.to_model(self.config.serve_format)?;
         let version = self.state.base_version + step;
-        self.engine.load_weights_as(Arc::new(model), version).await?;
+        self.engine
+            .load_weights_as(Arc::new(model), version)
+            .await?;
         Ok(())
     }
 
@@ -290,12 +278,12 @@ impl TrainRun {
 
     fn wants_eval(&self, step: u64) -> bool {
         let every = self.config.eval_every;
-        step == self.config.steps || (every > 0 && step % every == 0)
+        step == self.config.steps || (every > 0 && step.is_multiple_of(every))
     }
 
     fn wants_checkpoint(&self, step: u64) -> bool {
         let every = self.config.checkpoint_every;
-        step == self.config.steps || (every > 0 && step % every == 0)
+        step == self.config.steps || (every > 0 && step.is_multiple_of(every))
     }
 
     fn append(&mut self, line: StepLog) -> Result<(), LoopError> {
@@ -341,26 +329,7 @@ impl TrainRun {
             if stop.is_raised() {
                 return Ok(LoopOutcome::Interrupted { completed: 0 });
             }
-            let line = StepLog {
-                step: 0,
-                weight_version: self.state.base_version,
-                reward_mean: 0.0,
-                eval_reward: eval.map(|e| e.0),
-                rollouts: 0,
-                tokens: StepTokens::default(),
-                loss: 0.0,
-                pg_loss: 0.0,
-                nll: 0.0,
-                kl: 0.0,
-                entropy: 0.0,
-                grad_norm: 0.0,
-                clip_fraction: 0.0,
-                tis_mean: 0.0,
-                lr: 0.0,
-                rollout_seconds: 0.0,
-                update_seconds: 0.0,
-                eval_seconds: eval.map_or(0.0, |e| e.1),
-            };
+            let line = StepLog::before_training(self.state.base_version, eval);
             emit(LoopEvent::Step(&line));
             self.append(line)?;
         }

@@ -11,13 +11,13 @@
 use serde::Serialize;
 
 use super::error::LoopError;
+use super::samples::train_sample;
 use crate::engine::SeqRng;
 use crate::env::{Environment, QaSample};
 use crate::model::LoadedModel;
 use crate::rollout::{demonstrations, Trajectory};
 use crate::train::{
-    update_with_progress, LossConfig, Optimizer, OptimizerConfig, Params, TrainSample,
-    UpdateConfig,
+    update_with_progress, LossConfig, Optimizer, OptimizerConfig, Params, TrainSample, UpdateConfig,
 };
 
 /// How the warm-start runs.
@@ -61,17 +61,7 @@ pub struct SftStepLog {
 /// A demonstration as a training sample: every model token is a loss token with
 /// advantage 1, observations masked out.
 pub fn sft_sample(demo: &Trajectory) -> TrainSample {
-    let mut tokens = demo.prompt_ids.clone();
-    tokens.extend_from_slice(&demo.response_ids);
-    TrainSample {
-        tokens,
-        prompt_len: demo.prompt_ids.len(),
-        response_mask: demo.response_mask.clone(),
-        rollout_logprobs: None,
-        old_logprobs: None,
-        ref_logprobs: None,
-        advantage: 1.0,
-    }
+    train_sample(demo, 1.0, false)
 }
 
 /// The update settings under which a policy-gradient step is an NLL step.
@@ -113,7 +103,9 @@ pub fn run_sft(
         ));
     }
     if cfg.batch_size == 0 {
-        return Err(LoopError::Config("the SFT batch size must be at least 1".into()));
+        return Err(LoopError::Config(
+            "the SFT batch size must be at least 1".into(),
+        ));
     }
     let update_cfg = nll_update(cfg);
     let mut logs = Vec::new();

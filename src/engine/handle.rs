@@ -5,6 +5,7 @@
 //! any sequence has work, so a branch waiting for a tool is simply absent from the
 //! batch while the others go on.
 
+use std::path::Path;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -143,6 +144,17 @@ impl Engine {
     /// model's shape; the tokenizer and chat template stay the served model's.
     pub async fn load_weights(&self, weights: Arc<Model>) -> Result<WeightVersion, EngineError> {
         self.call(|r| Command::LoadWeights(weights, None, r)).await
+    }
+
+    /// [`Self::load_weights`] from a file: a GGUF or an HF checkpoint directory (as
+    /// `treegrpo train` writes them), read on a blocking thread. Only its weights are
+    /// taken; its shape must be the served model's.
+    pub async fn load_weights_from(&self, path: &Path) -> Result<WeightVersion, EngineError> {
+        let path = path.to_path_buf();
+        let loaded = tokio::task::spawn_blocking(move || LoadedModel::load(&path))
+            .await
+            .map_err(|e| EngineError::Failed(format!("the weight loading task failed: {e}")))??;
+        self.load_weights(loaded.model).await
     }
 
     /// [`Self::load_weights`] naming the new version (above the served one).

@@ -12,10 +12,10 @@ use async_trait::async_trait;
 use crate::env::action::ActionKind;
 use crate::env::bm25::{Bm25Index, Bm25Params};
 use crate::env::corpus::{format_results, Corpus, Document};
-use crate::env::ids::DocId;
 use crate::env::environment::{Environment, Score, StepOutcome};
 use crate::env::episode::Episode;
 use crate::env::error::{EnvError, ToolError};
+use crate::env::ids::DocId;
 use crate::env::normalize::{exact_match, max_f1};
 use crate::env::prompts::initial_messages;
 use crate::env::protocol::{

@@ -58,17 +58,15 @@ pub fn reward_svg(series: &[RewardSeries], width: u32, height: u32) -> Result<St
                 .draw_series(LineSeries::new(s.reward.iter().copied(), c.stroke_width(2)))
                 .map_err(err)?
                 .label(format!("{} (rollouts)", s.label))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
             if !s.eval.is_empty() {
                 chart
                     .draw_series(LineSeries::new(s.eval.iter().copied(), c.stroke_width(1)))
                     .map_err(err)?;
                 chart
-                    .draw_series(
-                        s.eval
-                            .iter()
-                            .map(|&p| Circle::new(p, 4, c.filled())),
-                    )
+                    .draw_series(s.eval.iter().map(|&p| Circle::new(p, 4, c.filled())))
                     .map_err(err)?
                     .label(format!("{} (eval, greedy)", s.label))
                     .legend(move |(x, y)| Circle::new((x + 9, y), 4, c.filled()));
