@@ -17,17 +17,8 @@ pub struct BenchArgs {
     pub source: super::flags::TaskFlags,
     #[arg(long, default_value_t = 16)]
     pub prompts: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f32,
-    /// Most tokens per agent step.
-    #[arg(long, default_value_t = 256)]
-    pub max_step_tokens: usize,
-    /// Tool turns before the forced answer turn.
-    #[arg(long, default_value_t = 3)]
-    pub turns: usize,
+    #[command(flatten)]
+    pub step: super::flags::StepFlags,
     /// Run only these modes, comma-separated: names (`chain-4`, `tree-2-2-1`,
     /// `tree-2-2-1-reference`, `tree-1-2-1`, `tree-2-6-1`, `tree-4-5-1`,
     /// `tree-recompute-2-2-1`, and `mistralrs-chain-4` with the `mistralrs` feature) or
@@ -88,12 +79,12 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         })?;
     let model = Arc::new(a.weights.load(&model_path)?);
     let data = a.source.data();
-    let (env, samples) = a.source.task.setup(&data, a.turns, a.prompts)?;
+    let (env, samples) = a.source.task.setup(&data, a.step.turns, a.prompts)?;
     let settings = BenchSettings {
         prompts: samples.len(),
-        seed: a.seed,
-        sampling: Sampling::from_temperature(Some(a.temperature)),
-        max_step_tokens: a.max_step_tokens,
+        seed: a.step.seed,
+        sampling: Sampling::from_temperature(Some(a.step.temperature)),
+        max_step_tokens: a.step.max_step_tokens,
         kv_budget_bytes: a
             .kv_mib
             .map_or_else(treegrpo::engine::EngineConfig::auto_kv_budget_bytes, |m| {

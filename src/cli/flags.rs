@@ -51,6 +51,13 @@ pub struct TreeFlags {
     /// Node selection: paper (distinct inner nodes) or reference (with replacement, root included).
     #[arg(long, default_value = "paper")]
     pub select: Selection,
+    #[command(flatten)]
+    pub step: StepFlags,
+}
+
+/// How each agent step is sampled: seed, temperature, its length, the turn limit.
+#[derive(Debug, Clone, Args)]
+pub struct StepFlags {
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Sampling temperature (0 = greedy).
@@ -67,9 +74,9 @@ pub struct TreeFlags {
 impl TreeFlags {
     /// The search these flags describe (prefixes reused).
     pub fn tree_config(&self) -> TreeConfig {
-        let sampling = Sampling::from_temperature(Some(self.temperature));
+        let sampling = Sampling::from_temperature(Some(self.step.temperature));
         let mut cfg = match self.chains {
-            Some(g) => TreeConfig::chains(g, sampling, self.seed),
+            Some(g) => TreeConfig::chains(g, sampling, self.step.seed),
             None => TreeConfig::new(
                 TreeShape {
                     trees: self.trees,
@@ -79,10 +86,10 @@ impl TreeFlags {
                     selection: self.select,
                 },
                 sampling,
-                self.seed,
+                self.step.seed,
             ),
         };
-        cfg.max_step_tokens = self.max_step_tokens;
+        cfg.max_step_tokens = self.step.max_step_tokens;
         cfg
     }
 
@@ -92,7 +99,7 @@ impl TreeFlags {
             "--trees / --chains must be at least 1"
         );
         anyhow::ensure!(
-            self.max_step_tokens > 0,
+            self.step.max_step_tokens > 0,
             "--max-step-tokens must be at least 1"
         );
         Ok(())

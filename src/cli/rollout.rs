@@ -63,7 +63,7 @@ pub async fn execute(
     interrupt: Option<Interrupt>,
 ) -> anyhow::Result<RunSummary> {
     let data = a.source.data();
-    let (env, samples) = a.source.task.setup(&data, a.tree.turns, a.prompts)?;
+    let (env, samples) = a.source.task.setup(&data, a.tree.step.turns, a.prompts)?;
     let advantage = a.advantage.unwrap_or(cfg.default_advantage());
     let progress = |p: treegrpo::rollout::Progress| {
         eprint!(

@@ -125,7 +125,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     })?;
     let model = Arc::new(treegrpo::model::LoadedModel::load(&path)?);
     let data = a.source.data();
-    let (env, mut train) = a.source.task.setup(&data, a.tree.turns, usize::MAX)?;
+    let (env, mut train) = a.source.task.setup(&data, a.tree.step.turns, usize::MAX)?;
     train.drain(..warm_started.min(train.len()));
     let test = a.source.task.split(&data, Split::Test, a.eval_prompts)?;
     let tree = a.tree.tree_config();
@@ -284,7 +284,7 @@ fn warm_start(
             "evaluating the untrained model on {} test questions (greedy) … ",
             test.len()
         );
-        let e = rt.block_on(evaluate(engine, env, test, a.tree.max_step_tokens))?;
+        let e = rt.block_on(evaluate(engine, env, test, a.tree.step.max_step_tokens))?;
         eprintln!("eval reward {:.3}", e.mean_reward);
         Some(e.mean_reward)
     };
@@ -292,7 +292,7 @@ fn warm_start(
     let samples = a.source.task.split(&data, Split::Train, a.warm_start)?;
     let cfg = SftConfig {
         epochs: a.warm_start_epochs,
-        seed: a.tree.seed,
+        seed: a.tree.step.seed,
         ..SftConfig::default()
     };
     let total = samples.len().div_ceil(cfg.batch_size) * cfg.epochs;
