@@ -29,7 +29,11 @@ fn colour(i: usize) -> RGBColor {
     RGBColor(p.0, p.1, p.2)
 }
 
-/// The chart of `series`, `width` × `height` pixels.
+/// Width of the legend column right of the chart, in pixels.
+const LEGEND_W: u32 = 240;
+
+/// The chart of `series`, `width` × `height` pixels: the curves on the left, a legend
+/// column on the right (so it never hides a curve, however many runs there are).
 pub fn reward_svg(series: &[RewardSeries], width: u32, height: u32) -> Result<String, PlotError> {
     let all = series.iter().flat_map(|s| s.reward.iter().chain(&s.eval));
     let x_max = all.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1.0);
@@ -38,7 +42,8 @@ pub fn reward_svg(series: &[RewardSeries], width: u32, height: u32) -> Result<St
     {
         let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
+        let (plot_area, legend_area) = root.split_horizontally(width.saturating_sub(LEGEND_W));
+        let mut chart = ChartBuilder::on(&plot_area)
             .caption("reward vs tokens computed", ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(40)
@@ -56,30 +61,43 @@ pub fn reward_svg(series: &[RewardSeries], width: u32, height: u32) -> Result<St
             let c = colour(i);
             chart
                 .draw_series(LineSeries::new(s.reward.iter().copied(), c.stroke_width(2)))
-                .map_err(err)?
-                .label(format!("{} (rollouts)", s.label))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
-            if !s.eval.is_empty() {
-                chart
-                    .draw_series(LineSeries::new(s.eval.iter().copied(), c.stroke_width(1)))
-                    .map_err(err)?;
-                chart
-                    .draw_series(s.eval.iter().map(|&p| Circle::new(p, 4, c.filled())))
-                    .map_err(err)?
-                    .label(format!("{} (eval, greedy)", s.label))
-                    .legend(move |(x, y)| Circle::new((x + 9, y), 4, c.filled()));
-            }
+                .map_err(err)?;
+            chart
+                .draw_series(LineSeries::new(s.eval.iter().copied(), c.stroke_width(1)))
+                .map_err(err)?;
+            chart
+                .draw_series(s.eval.iter().map(|&p| Circle::new(p, 4, c.filled())))
+                .map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
-            .draw()
-            .map_err(err)?;
+        draw_legend(&legend_area, series)?;
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// One legend row per run: its colour as the rollout line and the eval dot, its label.
+fn draw_legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    series: &[RewardSeries],
+) -> Result<(), PlotError> {
+    let text = ("sans-serif", 13).into_font();
+    area.draw(&Text::new(
+        "line: rollouts (T as sampled)",
+        (8, 44),
+        text.clone(),
+    ))
+    .map_err(err)?;
+    area.draw(&Text::new("dot: eval (greedy)", (8, 62), text.clone()))
+        .map_err(err)?;
+    for (i, s) in series.iter().enumerate() {
+        let c = colour(i);
+        let y = 92 + 22 * i as i32;
+        area.draw(&PathElement::new(vec![(8, y), (30, y)], c.stroke_width(2)))
+            .map_err(err)?;
+        area.draw(&Circle::new((19, y), 4, c.filled()))
+            .map_err(err)?;
+        area.draw(&Text::new(s.label.clone(), (38, y - 7), text.clone()))
+            .map_err(err)?;
+    }
+    Ok(())
 }
