@@ -114,11 +114,7 @@ fn an_interrupted_rollout_keeps_every_finished_tree() {
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    common::interrupt(&child);
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(130), "stderr: {stderr}");

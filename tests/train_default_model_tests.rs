@@ -54,15 +54,7 @@ fn every_weight_of_the_default_model_gets_a_finite_nonzero_gradient_and_logprobs
     let engine = common::tiny::logits_all(&m, &tokens);
     let (mut max, mut sum) = (0f64, 0f64);
     for pos in prompt_len..tokens.len() {
-        let row = &engine[pos - 1];
-        let top = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = row
-            .iter()
-            .map(|&x| (x as f64 - top).exp())
-            .sum::<f64>()
-            .ln()
-            + top;
-        let want = row[tokens[pos] as usize] as f64 - lse;
+        let want = common::log_softmax_at(&engine[pos - 1], tokens[pos]);
         let got = ours[packed.scored[0][pos].unwrap() as usize] as f64;
         let d = (got - want).abs();
         max = max.max(d);

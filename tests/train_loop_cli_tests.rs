@@ -106,11 +106,7 @@ fn sigint_leaves_log_and_checkpoint_whole_and_resume_reproduces_the_uninterrupte
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    common::interrupt(&child);
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     // The signal may land after the last step finished; then the run ends normally.

@@ -60,17 +60,6 @@ fn engine_logits(core: &mut EngineCore, tokens: &[u32]) -> Vec<Vec<f32>> {
     rows
 }
 
-fn log_softmax_at(row: &[f32], target: u32) -> f64 {
-    let top = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = row
-        .iter()
-        .map(|&v| (v as f64 - top).exp())
-        .sum::<f64>()
-        .ln()
-        + top;
-    row[target as usize] as f64 - lse
-}
-
 #[test]
 fn served_trainer_weights_match_the_engine_before_and_the_trainer_after_an_update() {
     let m = model();
@@ -125,9 +114,9 @@ fn served_trainer_weights_match_the_engine_before_and_the_trainer_after_an_updat
     let (mut max_diff, mut max_moved) = (0f64, 0f64);
     for (k, pos) in (sample.prompt_len..sample.tokens.len()).enumerate() {
         let t = sample.tokens[pos];
-        let ours = log_softmax_at(&served[pos - 1], t);
+        let ours = common::log_softmax_at(&served[pos - 1], t);
         max_diff = max_diff.max((ours - trainer[k] as f64).abs());
-        max_moved = max_moved.max((ours - log_softmax_at(&reference[pos - 1], t)).abs());
+        max_moved = max_moved.max((ours - common::log_softmax_at(&reference[pos - 1], t)).abs());
     }
     eprintln!("served vs trainer max |Δ logp| {max_diff:.2e}; moved by the update {max_moved:.3}");
     assert!(max_diff < 1e-4, "served vs trainer: {max_diff}");

@@ -31,3 +31,24 @@ pub fn argmax(v: &[f32]) -> usize {
     }
     best
 }
+
+/// `log softmax(row)[target]`, in f64: the log-probability a row of logits gives a token.
+pub fn log_softmax_at(row: &[f32], target: u32) -> f64 {
+    let top = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = row
+        .iter()
+        .map(|&x| (x as f64 - top).exp())
+        .sum::<f64>()
+        .ln()
+        + top;
+    row[target as usize] as f64 - lse
+}
+
+/// Sends SIGINT to a child process (as Ctrl-C would).
+pub fn interrupt(child: &std::process::Child) {
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+}
