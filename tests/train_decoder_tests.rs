@@ -165,18 +165,6 @@ fn tree_attention_and_its_backward_equal_masked_dense_attention() {
     }
 }
 
-/// log-softmax of a logits row at `token`.
-fn log_prob(row: &[f32], token: u32) -> f64 {
-    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = row
-        .iter()
-        .map(|&x| (x as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
-    row[token as usize] as f64 - lse
-}
-
 #[test]
 fn the_decoder_gives_the_engines_logprobs_on_chains_and_packed_trees() {
     for flavour in [Flavour::Llama, Flavour::Qwen2] {
@@ -216,7 +204,7 @@ fn the_decoder_gives_the_engines_logprobs_on_chains_and_packed_trees() {
                 let engine = logits_all(&m, seq);
                 for pos in 1..seq.len() {
                     let u = p.scored[k][pos].unwrap() as usize;
-                    let want = log_prob(&engine[pos - 1], seq[pos]);
+                    let want = common::log_softmax_at(&engine[pos - 1], seq[pos]);
                     worst = worst.max((logp[u] as f64 - want).abs());
                 }
             }

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use candle_core::DType;
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::closed_loop::{
-    evaluate, read_log, run_sft, sft_sample, LoopConfig, LoopEvent, LoopOutcome, SftConfig,
-    StepLog, StopSignal, TrainRun,
+    evaluate, read_log, run_sft, sft_sample, warm_start, LoopConfig, LoopEvent, LoopOutcome,
+    SftConfig, StepLog, StopSignal, TrainRun,
 };
 use treegrpo::engine::{Engine, EngineConfig, EngineCore, Sampling};
 use treegrpo::env::{Environment, QaSample, Split, Task, TaskData};
@@ -123,30 +123,49 @@ fn served_trainer_weights_match_the_engine_before_and_the_trainer_after_an_updat
     assert!(max_moved > 1e-2, "the update changed the served policy");
 }
 
-/// A short Tree-GRPO run on calc: one prompt per step, (1,2,1) trees, 16-token steps.
-fn small_config(steps: u64) -> LoopConfig {
-    let mut tree = TreeConfig::new(
-        TreeShape::tree(1, 2, 1, Selection::Paper),
-        Sampling::Random {
-            temperature: 1.0,
-            top_k: None,
-            top_p: None,
-        },
-        7,
-    );
-    tree.max_step_tokens = 16;
+/// A Tree-GRPO run on calc of `shape` at T = 1, `prompts` a step, `max_step_tokens`
+/// steps, evaluation only before the first and after the last step.
+fn loop_config(
+    steps: u64,
+    prompts: usize,
+    shape: TreeShape,
+    seed: u64,
+    max_step_tokens: usize,
+    eval_prompts: usize,
+    checkpoint_every: u64,
+) -> LoopConfig {
+    let sampling = Sampling::Random {
+        temperature: 1.0,
+        top_k: None,
+        top_p: None,
+    };
+    let mut tree = TreeConfig::new(shape, sampling, seed);
+    tree.max_step_tokens = max_step_tokens;
     LoopConfig {
         steps,
-        prompts_per_step: 1,
+        prompts_per_step: prompts,
         tree,
         advantage: AdvantageMode::Tree,
         concurrent_prompts: 0,
         update: UpdateConfig::default(),
         eval_every: 0,
-        eval_prompts: 1,
-        checkpoint_every: 1,
+        eval_prompts,
+        checkpoint_every,
         serve_format: WeightFormat::F32,
     }
+}
+
+/// A short run: one prompt per step, (1,2,1) trees, 16-token steps, a checkpoint each.
+fn small_config(steps: u64) -> LoopConfig {
+    loop_config(
+        steps,
+        1,
+        TreeShape::tree(1, 2, 1, Selection::Paper),
+        7,
+        16,
+        1,
+        1,
+    )
 }
 
 fn new_run(m: &Arc<LoadedModel>, config: LoopConfig, out: &Path, lr: f64) -> TrainRun {
@@ -248,7 +267,7 @@ fn eval(
         .mean_reward
 }
 
-/// Warm-start then Tree-GRPO on calc at learning rate `lr` (the same `lr` for both);
+/// Warm-start (AdamW at `lr_sft`) then two Tree-GRPO steps (at `lr_rl`) on calc;
 /// returns the eval reward before, after the warm-start and after RL.
 fn warm_start_then_rl(m: &Arc<LoadedModel>, lr_sft: f64, lr_rl: f64, out: &Path) -> [f64; 3] {
     let rt = rt();
@@ -257,52 +276,40 @@ fn warm_start_then_rl(m: &Arc<LoadedModel>, lr_sft: f64, lr_rl: f64, out: &Path)
     let engine = Engine::start(m.clone(), EngineConfig::default()).unwrap();
     let before = eval(&rt, &engine, &env, test);
 
-    let demos = rt
-        .block_on(demonstrations(m, env.as_ref(), &train))
-        .unwrap();
-    assert!(
-        demos.iter().all(|d| d.reward == 1.0),
-        "the oracle solves every question"
-    );
     let params = Params::from_model(&m.model, DType::F32).unwrap();
-    let mut opt = Optimizer::new(OptimizerConfig {
-        lr: lr_sft,
-        weight_decay: 0.0,
-        ..OptimizerConfig::default()
-    });
-    let samples: Vec<_> = demos.iter().map(sft_sample).collect();
     let cfg = SftConfig {
         epochs: 1,
         batch_size: 8,
         ..SftConfig::default()
     };
-    run_sft(&params, &mut opt, &samples, &cfg, &mut |_| {}).unwrap();
+    let ws = rt
+        .block_on(warm_start(
+            m,
+            env.as_ref(),
+            &train,
+            &params,
+            lr_sft,
+            &cfg,
+            &mut |_| {},
+        ))
+        .unwrap();
+    assert_eq!(
+        ws.demonstration_reward, 1.0,
+        "the oracle solves every question"
+    );
     rt.block_on(engine.load_weights(Arc::new(params.to_model(WeightFormat::F32).unwrap())))
         .unwrap();
     let warm = eval(&rt, &engine, &env, test);
 
-    let mut tree = TreeConfig::new(
+    let config = loop_config(
+        2,
+        4,
         TreeShape::tree(2, 2, 1, Selection::Paper),
-        Sampling::Random {
-            temperature: 1.0,
-            top_k: None,
-            top_p: None,
-        },
         3,
+        64,
+        10,
+        0,
     );
-    tree.max_step_tokens = 64;
-    let config = LoopConfig {
-        steps: 2,
-        prompts_per_step: 4,
-        tree,
-        advantage: AdvantageMode::Tree,
-        concurrent_prompts: 0,
-        update: UpdateConfig::default(),
-        eval_every: 0,
-        eval_prompts: 10,
-        checkpoint_every: 0,
-        serve_format: WeightFormat::F32,
-    };
     let optimizer = Optimizer::new(OptimizerConfig {
         lr: lr_rl,
         ..OptimizerConfig::default()
