@@ -35,5 +35,7 @@ pub mod model;
 #[cfg(feature = "mistralrs")]
 pub mod peer;
 pub mod rollout;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod train;
 pub mod view;

@@ -7,6 +7,7 @@ mod generate;
 mod model;
 mod plot;
 mod rollout;
+mod serve;
 mod sft;
 mod train;
 mod update;
@@ -46,6 +47,9 @@ enum Command {
     Train(train::TrainArgs),
     /// Reward curves of training runs against tokens computed, as SVG.
     Plot(plot::PlotArgs),
+    /// HTTP server for trainers: OpenAI-compatible, SGLang-style /generate, fork
+    /// sessions, tree rollouts, weight reload, metrics.
+    Serve(serve::ServeArgs),
 }
 
 pub fn run() -> anyhow::Result<()> {
@@ -61,6 +65,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Sft(a) => sft::run(a),
         Command::Train(a) => train::run(a),
         Command::Plot(a) => plot::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }
 

@@ -22,9 +22,10 @@ use std::sync::Arc;
 use crate::kv::{KvCache, KvConfig, PinId, SeqId};
 use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, Model, TokenId};
 
-use super::counters::{EngineCounters, EngineStats, SeqUsage};
+use super::counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
 use super::error::EngineError;
 use super::rng::SeqRng;
+use super::sampling::SampledToken;
 use super::stop::{GenParams, StopReason};
 
 /// Scheduler limits.
@@ -92,6 +93,9 @@ pub(super) struct GenState {
     pub(super) rng: SeqRng,
     pub(super) tokens: Vec<TokenId>,
     pub(super) logprobs: Vec<f32>,
+    /// Each kept token is also reported through [`EngineCore::take_streamed`] as it
+    /// is sampled (a server streaming tokens to its client).
+    pub(super) stream: bool,
 }
 
 #[derive(Debug, Default)]
@@ -151,6 +155,11 @@ pub struct EngineCore {
     pub(super) config: EngineConfig,
     pub(super) seqs: BTreeMap<SeqId, SeqState>,
     pub(super) finished: Vec<(SeqId, Result<Generation, EngineError>)>,
+    /// Tokens sampled since the last [`EngineCore::take_streamed`] by streaming
+    /// generations, in the order sampled.
+    pub(super) streamed: Vec<(SeqId, SampledToken)>,
+    /// How long each step's forward took.
+    pub(super) step_latency: Histogram,
     /// Sequences whose caller waits for their pending tokens to be computed.
     pub(super) flushing: Vec<SeqId>,
     pub(super) flushed: Vec<(SeqId, Result<(), EngineError>)>,
@@ -178,6 +187,8 @@ impl EngineCore {
             config,
             seqs: BTreeMap::new(),
             finished: Vec::new(),
+            streamed: Vec::new(),
+            step_latency: Histogram::new(&Histogram::STEP_BOUNDS),
             flushing: Vec::new(),
             flushed: Vec::new(),
             counters: EngineCounters::default(),
@@ -195,6 +206,13 @@ impl EngineCore {
             counters: self.counters,
             kv: self.kv.stats(),
             weight_version: self.weight_version,
+            sequences: self.seqs.len(),
+            generating: self
+                .seqs
+                .values()
+                .filter(|s| s.generating.is_some())
+                .count(),
+            step_latency: self.step_latency.clone(),
         }
     }
 
@@ -321,6 +339,21 @@ impl EngineCore {
 
     /// Starts generating on `seq`; the result appears in [`Self::take_finished`].
     pub fn generate(&mut self, seq: SeqId, params: GenParams) -> Result<(), EngineError> {
+        self.start_generation(seq, params, false)
+    }
+
+    /// [`Self::generate`], also reporting each token through [`Self::take_streamed`]
+    /// as it is sampled. The tokens and the result are those of `generate`.
+    pub fn generate_streaming(&mut self, seq: SeqId, params: GenParams) -> Result<(), EngineError> {
+        self.start_generation(seq, params, true)
+    }
+
+    fn start_generation(
+        &mut self,
+        seq: SeqId,
+        params: GenParams,
+        stream: bool,
+    ) -> Result<(), EngineError> {
         let s = self.state(seq)?;
         if s.generating.is_some() {
             return Err(EngineError::Busy(seq));
@@ -338,6 +371,7 @@ impl EngineCore {
             rng,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            stream,
         });
         // Everything is cached already (a fork at a node's end): sample right away.
         if s.pending.is_empty() {
@@ -491,6 +525,12 @@ impl EngineCore {
     /// Drops all cached prefixes (after a weight update their KV is stale).
     pub fn clear_prefix_cache(&mut self) {
         self.kv.clear_prefix_cache();
+    }
+
+    /// Tokens streaming generations kept since the last call, in the order sampled
+    /// (a generation's tokens all come before its entry in [`Self::take_finished`]).
+    pub fn take_streamed(&mut self) -> Vec<(SeqId, SampledToken)> {
+        std::mem::take(&mut self.streamed)
     }
 
     /// Generations finished since the last call.

@@ -100,4 +100,50 @@ pub struct EngineStats {
     pub kv: KvStats,
     /// The version of the weights served now (0: those the engine started with).
     pub weight_version: super::WeightVersion,
+    /// Live sequences (created and not freed).
+    pub sequences: usize,
+    /// Sequences generating now (their callers wait for the result).
+    pub generating: usize,
+    /// How long each step (forward and sampling) took.
+    pub step_latency: Histogram,
+}
+
+/// A latency histogram in Prometheus' cumulative-bucket shape: the engine's step
+/// latencies, a server's request latencies.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Histogram {
+    /// Upper bounds of the buckets, in seconds, ascending.
+    pub bounds: Vec<f64>,
+    /// Observations of at most `bounds[i]` seconds, per bound (cumulative: each
+    /// count includes the ones below it).
+    pub buckets: Vec<u64>,
+    pub count: u64,
+    pub sum_seconds: f64,
+}
+
+impl Histogram {
+    /// Bounds for engine steps: a decode step of a small model takes milliseconds,
+    /// a long prefill chunk a second or more.
+    pub const STEP_BOUNDS: [f64; 12] = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+    ];
+
+    pub fn new(bounds: &[f64]) -> Self {
+        Histogram {
+            bounds: bounds.to_vec(),
+            buckets: vec![0; bounds.len()],
+            count: 0,
+            sum_seconds: 0.0,
+        }
+    }
+
+    pub fn record(&mut self, seconds: f64) {
+        for (count, &bound) in self.buckets.iter_mut().zip(&self.bounds) {
+            if seconds <= bound {
+                *count += 1;
+            }
+        }
+        self.count += 1;
+        self.sum_seconds += seconds;
+    }
 }

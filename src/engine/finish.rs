@@ -35,6 +35,9 @@ impl EngineCore {
         if verdict.keep {
             g.tokens.push(token);
             g.logprobs.push(logprob);
+            if g.stream {
+                self.streamed.push((seq, SampledToken { token, logprob }));
+            }
             s.push_sampled(token);
         }
         match verdict.stop {

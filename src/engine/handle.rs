@@ -18,16 +18,39 @@ use crate::model::{LoadedModel, Model, TokenId};
 use super::core::{EngineConfig, EngineCore, Generation};
 use super::counters::{EngineStats, SeqUsage};
 use super::error::EngineError;
+use super::sampling::SampledToken;
 use super::stop::GenParams;
 use super::weights::WeightVersion;
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+type TokenSender = tokio::sync::mpsc::UnboundedSender<SampledToken>;
+
+/// A generation whose tokens arrive as they are sampled ([`Engine::generate_streaming`]).
+pub struct TokenStream {
+    tokens: tokio::sync::mpsc::UnboundedReceiver<SampledToken>,
+    done: oneshot::Receiver<Result<Generation, EngineError>>,
+}
+
+impl TokenStream {
+    /// The next kept token; `None` once the generation has ended (then
+    /// [`Self::finish`] says how).
+    pub async fn next(&mut self) -> Option<SampledToken> {
+        self.tokens.recv().await
+    }
+
+    /// The whole generation, as [`Engine::generate`] returns it (tokens not yet taken
+    /// by [`Self::next`] are in it too: it holds all of them).
+    pub async fn finish(self) -> Result<Generation, EngineError> {
+        self.done.await.map_err(|_| EngineError::Stopped)?
+    }
+}
 
 enum Command {
     Add(Vec<TokenId>, Reply<SeqId>),
     Fork(SeqId, Reply<SeqId>),
     Append(SeqId, Vec<TokenId>, Reply<()>),
     Generate(SeqId, GenParams, Reply<Generation>),
+    GenerateStream(SeqId, GenParams, TokenSender, Reply<Generation>),
     Prefill(SeqId, Reply<()>),
     Free(SeqId, Reply<SeqUsage>),
     Pin(SeqId, Reply<PinId>),
@@ -46,6 +69,7 @@ pub struct Engine {
     /// Commands to the engine thread, applied in the order sent.
     commands: mpsc::Sender<Command>,
     model: Arc<LoadedModel>,
+    config: EngineConfig,
     _thread: Arc<JoinGuard>,
 }
 
@@ -73,6 +97,7 @@ impl Engine {
         Ok(Engine {
             commands: tx,
             model,
+            config,
             _thread: Arc::new(JoinGuard(Some(thread))),
         })
     }
@@ -82,6 +107,11 @@ impl Engine {
     /// [`Self::load_weights`] changes what the engine serves.
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.model
+    }
+
+    /// The limits the engine was started with (block size, KV budget, batch caps).
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
     }
 
     async fn call<T>(&self, make: impl FnOnce(Reply<T>) -> Command) -> Result<T, EngineError> {
@@ -112,6 +142,19 @@ impl Engine {
         self.call(|r| Command::Generate(seq, params, r)).await
     }
 
+    /// [`Self::generate`], its tokens also delivered one by one as they are sampled.
+    /// Dropping the stream does not stop the generation: free the sequence for that.
+    pub fn generate_streaming(&self, seq: SeqId, params: GenParams) -> TokenStream {
+        let (token_tx, tokens) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, done) = oneshot::channel();
+        // A stopped engine drops the command and with it both senders: `next` then
+        // ends and `finish` reports `Stopped`.
+        let _ = self
+            .commands
+            .send(Command::GenerateStream(seq, params, token_tx, tx));
+        TokenStream { tokens, done }
+    }
+
     /// Computes `seq`'s pending tokens now; afterwards forks of it start generating
     /// without recomputing anything.
     pub async fn prefill(&self, seq: SeqId) -> Result<(), EngineError> {
@@ -121,6 +164,14 @@ impl Engine {
     /// Drops `seq` and returns what it cost over its life.
     pub async fn free(&self, seq: SeqId) -> Result<SeqUsage, EngineError> {
         self.call(|r| Command::Free(seq, r)).await
+    }
+
+    /// Frees `seq` without waiting for the engine (from a `Drop`, where nothing can
+    /// be awaited: a server's request that its client abandoned). Errors, such as a
+    /// sequence freed already, are ignored.
+    pub fn release(&self, seq: SeqId) {
+        let (tx, _) = oneshot::channel();
+        let _ = self.commands.send(Command::Free(seq, tx));
     }
 
     pub async fn pin(&self, seq: SeqId) -> Result<PinId, EngineError> {
@@ -191,6 +242,8 @@ impl Engine {
 struct Waiters {
     /// Generations by sequence.
     generations: std::collections::HashMap<SeqId, Reply<Generation>>,
+    /// Where the tokens of streaming generations go, by sequence.
+    streams: std::collections::HashMap<SeqId, TokenSender>,
     /// Prefills by sequence (several callers may wait on one).
     prefills: std::collections::HashMap<SeqId, Vec<Reply<()>>>,
     /// Callers waiting for KV room, with the free blocks each needs.
@@ -264,9 +317,17 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
                 for reply in waiters.prefills.drain().flat_map(|(_, r)| r) {
                     let _ = reply.send(Err(EngineError::Step(cause.clone())));
                 }
+                waiters.streams.clear();
+            }
+        }
+        for (seq, token) in core.take_streamed() {
+            if let Some(stream) = waiters.streams.get(&seq) {
+                // A receiver that went away only stops hearing the tokens.
+                let _ = stream.send(token);
             }
         }
         for (seq, result) in core.take_finished() {
+            waiters.streams.remove(&seq);
             if let Some(reply) = waiters.generations.remove(&seq) {
                 let _ = reply.send(result);
             }
@@ -302,6 +363,15 @@ fn apply(core: &mut EngineCore, cmd: Command, waiters: &mut Waiters) {
             }
             Err(e) => drop(r.send(Err(e))),
         },
+        Command::GenerateStream(seq, params, stream, r) => {
+            match core.generate_streaming(seq, params) {
+                Ok(()) => {
+                    waiters.generations.insert(seq, r);
+                    waiters.streams.insert(seq, stream);
+                }
+                Err(e) => drop(r.send(Err(e))),
+            }
+        }
         Command::Prefill(seq, r) => match core.prefill(seq) {
             Ok(()) => waiters.prefills.entry(seq).or_default().push(r),
             Err(e) => drop(r.send(Err(e))),

@@ -28,10 +28,10 @@ pub mod stop;
 pub mod weights;
 
 pub use self::core::{EngineConfig, EngineCore, Generation};
-pub use counters::{EngineCounters, EngineStats, SeqUsage};
+pub use counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
 pub use error::EngineError;
 pub use generate::{generate, GenerateRequest};
-pub use handle::Engine;
+pub use handle::{Engine, TokenStream};
 pub use rng::SeqRng;
 pub use sampling::{SampledToken, Sampling};
 pub use stop::{GenParams, StopReason};

@@ -56,7 +56,10 @@ impl EngineCore {
         if plan.chosen.is_empty() {
             return Ok(0);
         }
-        self.run(plan)
+        let started = std::time::Instant::now();
+        let rows = self.run(plan);
+        self.step_latency.record(started.elapsed().as_secs_f64());
+        rows
     }
 
     /// Chooses this step's batch and reserves its KV.

@@ -1,0 +1,76 @@
+//! Weights and cache: `POST /update_weights_from_disk` (SGLang's name and shape),
+//! `POST /flush_cache`, `GET /health`.
+
+use std::path::PathBuf;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::body::ApiJson;
+use super::error::{error_chain, ServeError};
+use super::state::AppState;
+
+#[derive(Debug, Deserialize)]
+pub struct UpdateWeightsRequest {
+    /// An HF checkpoint directory (as `treegrpo train` and `sft` write them) or a GGUF.
+    model_path: PathBuf,
+}
+
+/// `POST /update_weights_from_disk`: the engine serves the file's weights from now
+/// on, under the next weight version. Requests in flight finish on the old weights;
+/// cached prefixes are dropped and live sessions recompute their KV on next use.
+/// Answers `{success, message, weight_version}`, with a 4xx/5xx status on failure.
+pub async fn update_weights_from_disk(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<UpdateWeightsRequest>,
+) -> Response {
+    match state.engine.load_weights_from(&req.model_path).await {
+        Ok(version) => Json(json!({
+            "success": true,
+            "message": format!("serving {} as weight version {version}", req.model_path.display()),
+            "weight_version": version,
+        }))
+        .into_response(),
+        Err(e) => {
+            let serving = state.engine.stats().await.map_or(0, |s| s.weight_version);
+            let e = ServeError::Engine(e);
+            // A file that cannot be read is the caller's mistake (400), not ours.
+            let status = match e.status() {
+                StatusCode::INTERNAL_SERVER_ERROR => StatusCode::BAD_REQUEST,
+                s => s,
+            };
+            (
+                status,
+                Json(json!({
+                    "success": false,
+                    "message": error_chain(&e),
+                    "weight_version": serving,
+                })),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// `POST /flush_cache`: forgets every cached prefix (blocks of live sequences and
+/// sessions stay).
+pub async fn flush_cache(
+    State(state): State<AppState>,
+) -> Result<Json<serde_json::Value>, ServeError> {
+    state.engine.clear_prefix_cache().await?;
+    Ok(Json(json!({ "success": true })))
+}
+
+/// `GET /health`: 200 while the engine thread answers.
+pub async fn health(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ServeError> {
+    let stats = state.engine.stats().await?;
+    Ok(Json(json!({
+        "status": "ok",
+        "weight_version": stats.weight_version,
+        "model": state.config.model_name,
+    })))
+}

@@ -1,0 +1,183 @@
+//! Reading request bodies: JSON of any content type into the endpoint's struct, with
+//! a 400 naming the problem (line, column, field) or a 413 over the size limit; and
+//! the input shapes several endpoints share (prompts as text or token ids, stop
+//! strings as one or many, chat messages).
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::model::{ChatMessage, TokenId};
+
+use super::error::ServeError;
+use super::state::AppState;
+
+/// A JSON body. Unlike axum's `Json` it takes any content type (`curl -d` sends a
+/// form type) and reports a bad body as a 400 in the API's error shape.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ServeError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ServeError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ServeError::BodyTooLarge {
+                    limit: state.config.max_body_bytes,
+                }
+            } else {
+                ServeError::invalid("body", e.body_text())
+            }
+        })?;
+        // An empty body reads as `{}`: endpoints whose fields all have defaults then
+        // need none (`curl -X POST …/fork`).
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(bytes)
+            .map(ApiJson)
+            .map_err(ServeError::Body)
+    }
+}
+
+/// A prompt as OpenAI's completions take it: text, token ids, or a batch of either.
+/// Ids are read as signed integers so a negative id is a 400 naming the vocabulary,
+/// not a type error.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    Text(String),
+    Ids(Vec<i64>),
+    Texts(Vec<String>),
+    Batch(Vec<Vec<i64>>),
+}
+
+/// One string or a list of them (OpenAI's `stop`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            OneOrMany::One(s) => vec![s],
+            OneOrMany::Many(v) => v,
+        }
+    }
+}
+
+/// A chat message: `content` as a string or as OpenAI's list of parts (only text
+/// parts: the model reads text).
+#[derive(Debug, Clone, Deserialize)]
+pub struct MessageInput {
+    pub role: String,
+    pub content: ContentInput,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ContentInput {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl MessageInput {
+    pub fn to_message(&self) -> Result<ChatMessage, ServeError> {
+        let content =
+            match &self.content {
+                ContentInput::Text(t) => t.clone(),
+                ContentInput::Parts(parts) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), &p.text) {
+                            ("text", Some(t)) => text.push_str(t),
+                            (kind, _) => return Err(ServeError::invalid(
+                                "messages",
+                                format!(
+                                    "content parts of type '{kind}' are not supported (text only)"
+                                ),
+                            )),
+                        }
+                    }
+                    text
+                }
+            };
+        Ok(ChatMessage::new(self.role.clone(), content))
+    }
+}
+
+/// Chat messages rendered with the model's own template, ready for the reply.
+pub fn chat_prompt(
+    state: &AppState,
+    messages: &[MessageInput],
+) -> Result<Vec<TokenId>, ServeError> {
+    if messages.is_empty() {
+        return Err(ServeError::invalid(
+            "messages",
+            "at least one message is needed",
+        ));
+    }
+    let messages = messages
+        .iter()
+        .map(MessageInput::to_message)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(state.model.chat_prompt(&messages)?)
+}
+
+/// Token ids from a request, each checked against the vocabulary.
+pub fn token_ids(
+    param: &'static str,
+    ids: &[i64],
+    vocab: usize,
+) -> Result<Vec<TokenId>, ServeError> {
+    ids.iter()
+        .map(|&id| {
+            u32::try_from(id)
+                .ok()
+                .filter(|&t| (t as usize) < vocab)
+                .ok_or_else(|| {
+                    ServeError::invalid(
+                        param,
+                        format!("token id {id} is outside the model's vocabulary of {vocab}"),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Text or token ids (SGLang's `text` / `input_ids`, the sessions' inputs): exactly
+/// one of them. Text is encoded with special tokens parsed, so `<|im_start|>` in it
+/// is the template's token, as a trainer writing chat turns by hand means it.
+pub fn text_or_ids(
+    state: &AppState,
+    text: Option<&str>,
+    ids: Option<&[i64]>,
+) -> Result<Vec<TokenId>, ServeError> {
+    match (text, ids) {
+        (Some(t), None) => Ok(state.model.tokenizer.encode(t, true)?),
+        (None, Some(ids)) => token_ids("input_ids", ids, state.vocab()),
+        (Some(_), Some(_)) => Err(ServeError::invalid(
+            "input_ids",
+            "give either `text` or `input_ids`, not both",
+        )),
+        (None, None) => Err(ServeError::invalid(
+            "input_ids",
+            "`text` or `input_ids` is needed",
+        )),
+    }
+}

@@ -1,0 +1,182 @@
+//! The server layer's error type and how each error becomes an HTTP response.
+//!
+//! Every error answers with a JSON body in OpenAI's shape, `{"error": {"message",
+//! "type", "param", "code"}}` (what the `openai` package parses into its exception
+//! classes), and a status that tells a client whether to fix its request (4xx) or
+//! retry later (429 and 503 carry `Retry-After`).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::engine::EngineError;
+use crate::env::EnvError;
+use crate::model::ModelError;
+use crate::rollout::RolloutError;
+
+/// What went wrong with a request.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The body is not JSON, or not the JSON this endpoint takes.
+    #[error("invalid request body: {0}")]
+    Body(#[source] serde_json::Error),
+    /// The body is over the server's size limit (`--max-body-mib`).
+    #[error("the request body is over the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    /// A field holds a value the endpoint cannot serve.
+    #[error("{param}: {message}")]
+    Invalid {
+        param: &'static str,
+        message: String,
+    },
+    /// The prompt plus the tokens asked for do not fit the context window.
+    #[error(
+        "this model's context window is {max} tokens; the prompt has {prompt} and \
+         {requested} more were asked for"
+    )]
+    ContextLength {
+        prompt: usize,
+        requested: usize,
+        max: usize,
+    },
+    #[error("a valid API key is needed (header `Authorization: Bearer KEY`)")]
+    Unauthorized,
+    #[error("no session '{0}' (closed, expired after its idle time, or never created)")]
+    UnknownSession(String),
+    #[error("session '{0}' is generating; wait for its result first")]
+    SessionBusy(String),
+    #[error("the server holds its limit of {limit} sessions: close some first")]
+    SessionLimit { limit: usize },
+    /// More requests wait for room than the queue holds (`--max-queue`), or one waited
+    /// past the queue timeout.
+    #[error("the server is at capacity: {0}")]
+    Overloaded(&'static str),
+    #[error("no route for {0}")]
+    NoRoute(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Env(#[from] EnvError),
+    #[error(transparent)]
+    Rollout(#[from] RolloutError),
+    /// A task of the server itself failed (a panic in a spawned rollout).
+    #[error("server task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Seconds a client should wait before retrying a 429 or 503.
+const RETRY_AFTER_SECONDS: u64 = 1;
+
+impl ServeError {
+    pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
+        ServeError::Invalid {
+            param,
+            message: message.into(),
+        }
+    }
+
+    /// The HTTP status: 4xx for what the client must change, 429/503 for what it may
+    /// retry, 500 for the server's own failures.
+    pub fn status(&self) -> StatusCode {
+        use ServeError::*;
+        match self {
+            Body(_) | Invalid { .. } | ContextLength { .. } => StatusCode::BAD_REQUEST,
+            BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Unauthorized => StatusCode::UNAUTHORIZED,
+            UnknownSession(_) | NoRoute(_) => StatusCode::NOT_FOUND,
+            SessionBusy(_) => StatusCode::CONFLICT,
+            SessionLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Engine(e) => engine_status(e),
+            Rollout(RolloutError::Engine(e)) => engine_status(e),
+            Model(ModelError::ContextOverflow { .. } | ModelError::Tokenizer(_)) => {
+                StatusCode::BAD_REQUEST
+            }
+            Model(ModelError::Template(_)) => StatusCode::BAD_REQUEST,
+            Env(_) => StatusCode::BAD_REQUEST,
+            Model(_) | Rollout(_) | Task(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// OpenAI's error `type` for this status.
+    fn kind(&self) -> &'static str {
+        match self.status() {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            s if s.is_client_error() => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+
+    fn param(&self) -> Option<&'static str> {
+        match self {
+            ServeError::Invalid { param, .. } => Some(param),
+            ServeError::Engine(EngineError::BadToken { .. }) => Some("prompt"),
+            ServeError::ContextLength { .. } => Some("max_tokens"),
+            _ => None,
+        }
+    }
+}
+
+/// The engine's errors: a caller's mistake is 400, a sequence that can only fit once
+/// pins are released is 503 (retry), a conflict on a sequence is 409.
+fn engine_status(e: &EngineError) -> StatusCode {
+    use EngineError::*;
+    match e {
+        BadToken { .. } | EmptyPrompt | EmptySequence(_) | WeightShape { .. } => {
+            StatusCode::BAD_REQUEST
+        }
+        StaleWeightVersion { .. } => StatusCode::BAD_REQUEST,
+        Model(ModelError::ContextOverflow { .. }) => StatusCode::BAD_REQUEST,
+        NeverFits { pinned, .. } if *pinned > 0 => StatusCode::SERVICE_UNAVAILABLE,
+        NeverFits { .. } => StatusCode::BAD_REQUEST,
+        Busy(_) | SwapWithPins { .. } => StatusCode::CONFLICT,
+        UnknownSequence(_) => StatusCode::NOT_FOUND,
+        Freed(_) => StatusCode::GONE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ServeError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = json!({
+            "error": {
+                "message": error_chain(&self),
+                "type": self.kind(),
+                "param": self.param(),
+                "code": status.as_u16(),
+            }
+        });
+        let mut response = (status, Json(body)).into_response();
+        if matches!(
+            status,
+            StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+        ) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+        }
+        response
+    }
+}
+
+/// The error's message followed by its causes, so a client sees the whole story
+/// (a failed forward says why it failed).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}

@@ -1,0 +1,257 @@
+//! `GET /metrics` in Prometheus' text format: requests by endpoint and status with
+//! their latencies (counted by a middleware around every route), and the engine's own
+//! figures read at scrape time — tokens prefilled, decoded, reused and recomputed,
+//! KV blocks by state, live sequences and sessions, queue depth, step latencies.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::engine::Histogram;
+
+use super::error::ServeError;
+use super::state::AppState;
+
+/// Bounds of the request-latency buckets, in seconds: a small completion takes
+/// milliseconds, a rollout of many prompts minutes.
+const REQUEST_BOUNDS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// What the middleware counts.
+#[derive(Default)]
+pub struct Metrics {
+    /// Requests by (route template, status).
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    /// Latency by route template.
+    latency: Mutex<BTreeMap<String, Histogram>>,
+}
+
+impl Metrics {
+    fn record(&self, route: &str, status: u16, seconds: f64) {
+        *self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((route.to_string(), status))
+            .or_default() += 1;
+        self.latency
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(route.to_string())
+            .or_insert_with(|| Histogram::new(&REQUEST_BOUNDS))
+            .record(seconds);
+    }
+}
+
+/// Middleware: counts every request under its route template (`/v1/sessions/{id}`,
+/// not the id) with its status and latency. Streams count when their headers go out.
+pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let started = Instant::now();
+    let response = next.run(req).await;
+    state.metrics.record(
+        &route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeError> {
+    let stats = state.engine.stats().await?;
+    let c = &stats.counters;
+    let kv = &stats.kv;
+    let mut out = String::new();
+    let requests = state
+        .metrics
+        .requests
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    family(
+        &mut out,
+        "treegrpo_requests_total",
+        "counter",
+        "HTTP requests by endpoint and status.",
+    );
+    for ((route, status), n) in &requests {
+        let _ = writeln!(
+            out,
+            "treegrpo_requests_total{{endpoint=\"{route}\",status=\"{status}\"}} {n}"
+        );
+    }
+    let latency = state
+        .metrics
+        .latency
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    family(
+        &mut out,
+        "treegrpo_request_duration_seconds",
+        "histogram",
+        "Time to the response's headers, by endpoint.",
+    );
+    for (route, h) in &latency {
+        histogram(
+            &mut out,
+            "treegrpo_request_duration_seconds",
+            &format!("endpoint=\"{route}\""),
+            h,
+        );
+    }
+    let counters: [(&str, &str, u64); 9] = [
+        (
+            "treegrpo_tokens_prefilled_total",
+            "Rows computed for prompt and appended tokens.",
+            c.prefilled,
+        ),
+        (
+            "treegrpo_tokens_decoded_total",
+            "Rows computed for sampled tokens fed back in.",
+            c.decoded,
+        ),
+        (
+            "treegrpo_tokens_sampled_total",
+            "Tokens sampled.",
+            c.sampled,
+        ),
+        (
+            "treegrpo_tokens_reused_prefix_cache_total",
+            "Prompt tokens served from the prefix cache, not computed.",
+            c.reused_prefix_cache,
+        ),
+        (
+            "treegrpo_tokens_reused_fork_total",
+            "Tokens forks inherited from their parent, not computed.",
+            c.reused_fork,
+        ),
+        (
+            "treegrpo_tokens_recomputed_total",
+            "Rows computed again after a preemption or a weight swap.",
+            c.recomputed_preempted,
+        ),
+        (
+            "treegrpo_preemptions_total",
+            "Sequences whose KV was dropped under memory pressure.",
+            c.preemptions,
+        ),
+        (
+            "treegrpo_weight_swaps_total",
+            "Weight swaps applied.",
+            c.weight_swaps,
+        ),
+        (
+            "treegrpo_engine_steps_total",
+            "Forward passes run.",
+            c.steps,
+        ),
+    ];
+    for (name, help, value) in counters {
+        family(&mut out, name, "counter", help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    family(
+        &mut out,
+        "treegrpo_kv_blocks",
+        "gauge",
+        "KV blocks by state (in_use + cached + free = total).",
+    );
+    for (state_name, n) in [
+        ("in_use", kv.in_use),
+        ("cached", kv.cached),
+        ("free", kv.free),
+        ("pinned", kv.pinned),
+        ("total", kv.num_blocks),
+    ] {
+        let _ = writeln!(out, "treegrpo_kv_blocks{{state=\"{state_name}\"}} {n}");
+    }
+    let gauges: [(&str, &str, u64); 6] = [
+        (
+            "treegrpo_sequences",
+            "Live engine sequences.",
+            stats.sequences as u64,
+        ),
+        (
+            "treegrpo_sequences_generating",
+            "Sequences generating now.",
+            stats.generating as u64,
+        ),
+        (
+            "treegrpo_sessions",
+            "Live fork sessions.",
+            state.sessions.len() as u64,
+        ),
+        (
+            "treegrpo_queue_depth",
+            "Requests waiting for room to run.",
+            state.admission.queue_depth() as u64,
+        ),
+        (
+            "treegrpo_running_sequences",
+            "Sequences admitted for requests now.",
+            state.admission.running() as u64,
+        ),
+        (
+            "treegrpo_weight_version",
+            "Version of the weights served.",
+            stats.weight_version,
+        ),
+    ];
+    for (name, help, value) in gauges {
+        family(&mut out, name, "gauge", help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    family(
+        &mut out,
+        "treegrpo_step_duration_seconds",
+        "histogram",
+        "Engine step latency (one ragged batch's forward and sampling).",
+    );
+    histogram(
+        &mut out,
+        "treegrpo_step_duration_seconds",
+        "",
+        &stats.step_latency,
+    );
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response())
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// One histogram's `_bucket`, `_sum` and `_count` lines; `labels` go before `le`.
+fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let sep = if labels.is_empty() { "" } else { "," };
+    for (bound, count) in h.bounds.iter().zip(&h.buckets) {
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {count}");
+    }
+    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}", h.count);
+    let braces = if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    };
+    let _ = writeln!(out, "{name}_sum{braces} {}", h.sum_seconds);
+    let _ = writeln!(out, "{name}_count{braces} {}", h.count);
+}

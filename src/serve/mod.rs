@@ -1,0 +1,154 @@
+//! The HTTP server for trainers (`treegrpo serve`): the engine behind the APIs RL
+//! stacks already speak, plus explicit fork sessions, which none of their engines
+//! offer. No logic of its own: handlers parse, call the engine or the rollout layer,
+//! and shape the answer.
+//!
+//! - [`openai`]: `/v1/models`, `/v1/completions`, `/v1/chat/completions` (with
+//!   [`stream`] for `stream: true`).
+//! - [`native`]: SGLang's `/generate`, token ids in and out.
+//! - [`sessions`]: `/v1/sessions…`, fork sessions sharing a KV prefix.
+//! - [`rollouts`]: `/v1/rollouts`, tree rollouts on a built-in task.
+//! - [`admin`]: weight reload, cache flush, health; [`metrics`]: Prometheus text.
+//! - [`run`]: one request's sequences on the engine, freed when it ends or its
+//!   client goes away; [`state`]: what handlers share, the admission gate.
+//! - [`body`], [`sampling`]: request bodies and sampling fields; [`error`]: statuses.
+
+pub mod admin;
+pub mod body;
+pub mod error;
+pub mod metrics;
+pub mod native;
+pub mod openai;
+pub mod rollouts;
+pub mod run;
+pub mod sampling;
+pub mod sessions;
+pub mod state;
+pub mod stream;
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::engine::Engine;
+
+pub use error::ServeError;
+pub use state::{AppState, ServeConfig};
+
+/// Every route, with the body limit, the API key check and the metrics around them.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/models", get(openai::models))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/generate", post(native::generate))
+        .route("/v1/sessions", post(sessions::create))
+        .route(
+            "/v1/sessions/{id}",
+            get(sessions::show).delete(sessions::delete),
+        )
+        .route("/v1/sessions/{id}/generate", post(sessions::generate))
+        .route("/v1/sessions/{id}/append", post(sessions::append))
+        .route("/v1/sessions/{id}/fork", post(sessions::fork))
+        .route("/v1/rollouts", post(rollouts::rollouts))
+        .route(
+            "/update_weights_from_disk",
+            post(admin::update_weights_from_disk),
+        )
+        .route("/flush_cache", post(admin::flush_cache))
+        .route("/health", get(admin::health))
+        .route("/metrics", get(metrics::metrics))
+        .fallback(no_route)
+        .layer(from_fn_with_state(state.clone(), require_key))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(from_fn_with_state(state.clone(), metrics::track))
+        .with_state(state)
+}
+
+async fn no_route(req: Request) -> ServeError {
+    ServeError::NoRoute(format!("{} {}", req.method(), req.uri().path()))
+}
+
+/// With `--api-key`, every route but `GET /health` needs `Authorization: Bearer KEY`.
+async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.config.api_key {
+        let given = req
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let open = req.uri().path() == "/health";
+        if !open && !given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
+            return ServeError::Unauthorized.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without stopping at the first difference, so the time taken does not
+/// tell how much of a guessed key was right.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A bound server, not yet serving (so a caller can read the port it got for `:0`).
+pub struct Server {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Server {
+    pub async fn bind(
+        addr: SocketAddr,
+        engine: Engine,
+        config: ServeConfig,
+    ) -> std::io::Result<Self> {
+        Ok(Server {
+            listener: TcpListener::bind(addr).await?,
+            state: AppState::new(engine, config),
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Serves until `shutdown` resolves, then lets requests in flight finish and
+    /// frees every session.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let state = self.state.clone();
+        let reaper = tokio::spawn(expire_sessions(state.clone()));
+        let result = axum::serve(self.listener, router(self.state))
+            .with_graceful_shutdown(shutdown)
+            .await;
+        reaper.abort();
+        for seq in state.sessions.drain() {
+            let _ = state.engine.free(seq).await;
+        }
+        result
+    }
+}
+
+/// Closes idle sessions past their TTL, for the server's life.
+async fn expire_sessions(state: AppState) {
+    let mut tick = tokio::time::interval(state.sessions.sweep_interval());
+    loop {
+        tick.tick().await;
+        for seq in state.sessions.expire() {
+            state.engine.release(seq);
+        }
+    }
+}

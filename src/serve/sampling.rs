@@ -1,0 +1,160 @@
+//! Sampling fields of a request (OpenAI's, SGLang's `sampling_params`, a session's)
+//! turned into the engine's [`GenParams`], each value checked, and the engine's stop
+//! reasons in each API's words.
+
+use serde::Deserialize;
+
+use crate::engine::{GenParams, Sampling, StopReason};
+use crate::model::TokenId;
+
+use super::body::OneOrMany;
+use super::error::ServeError;
+use super::state::AppState;
+
+/// The sampling fields every generating endpoint takes, under SGLang's names
+/// (`max_new_tokens`); the OpenAI endpoints fill it from their own names.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SamplingFields {
+    pub max_new_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Off when absent, 0 or -1 (vLLM's and SGLang's "no top-k").
+    pub top_k: Option<i64>,
+    pub stop: Option<OneOrMany>,
+    /// Tokens that end the generation besides the model's end-of-turn tokens.
+    pub stop_token_ids: Vec<i64>,
+    /// Do not stop at the model's end-of-turn tokens.
+    pub ignore_eos: bool,
+    /// The RNG seed (SGLang calls it `sampling_seed`).
+    #[serde(alias = "sampling_seed")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingFields {
+    /// The engine's params for choice `choice` of a prompt of `prompt_len` tokens.
+    /// Without `max_new_tokens` the generation may fill the context; with it, the
+    /// prompt and the tokens asked for must fit the context (400 otherwise, as vLLM
+    /// answers). `default_temperature` applies when the request names none (OpenAI:
+    /// 1; SGLang: 1).
+    pub fn gen_params(
+        &self,
+        state: &AppState,
+        prompt_len: usize,
+        seed: u64,
+        choice: usize,
+    ) -> Result<GenParams, ServeError> {
+        let max = state.max_positions();
+        let max_new_tokens = match self.max_new_tokens {
+            Some(n) if prompt_len + n > max => {
+                return Err(ServeError::ContextLength {
+                    prompt: prompt_len,
+                    requested: n,
+                    max,
+                })
+            }
+            Some(n) => n,
+            None => max.saturating_sub(prompt_len),
+        };
+        let mut stop_tokens: Vec<TokenId> = if self.ignore_eos {
+            Vec::new()
+        } else {
+            state.model.tokenizer.eos_ids().to_vec()
+        };
+        stop_tokens.extend(super::body::token_ids(
+            "stop_token_ids",
+            &self.stop_token_ids,
+            state.vocab(),
+        )?);
+        let stop_strings = self
+            .stop
+            .clone()
+            .map(OneOrMany::into_vec)
+            .unwrap_or_default();
+        if stop_strings.iter().any(String::is_empty) {
+            return Err(ServeError::invalid(
+                "stop",
+                "stop strings must not be empty",
+            ));
+        }
+        Ok(GenParams {
+            sampling: self.sampling()?,
+            max_new_tokens,
+            stop_tokens,
+            stop_strings,
+            seed: vec![seed, choice as u64],
+        })
+    }
+
+    fn sampling(&self) -> Result<Sampling, ServeError> {
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !temperature.is_finite() || temperature < 0.0 {
+            return Err(ServeError::invalid(
+                "temperature",
+                format!("{temperature} is not a temperature (0 = greedy, or above 0)"),
+            ));
+        }
+        let top_p = match self.top_p {
+            Some(p) if !(p > 0.0 && p <= 1.0) => {
+                return Err(ServeError::invalid(
+                    "top_p",
+                    format!("{p} is outside (0, 1]"),
+                ))
+            }
+            Some(p) if p < 1.0 => Some(p),
+            _ => None,
+        };
+        let top_k = match self.top_k {
+            None | Some(0) | Some(-1) => None,
+            Some(k) if k > 0 => Some(k as usize),
+            Some(k) => {
+                return Err(ServeError::invalid(
+                    "top_k",
+                    format!("{k} is not a top-k (-1 or 0 = off, or at least 1)"),
+                ))
+            }
+        };
+        Ok(if temperature == 0.0 {
+            Sampling::Greedy
+        } else {
+            Sampling::Random {
+                temperature,
+                top_k,
+                top_p,
+            }
+        })
+    }
+
+    /// The request's seed, or a fresh one.
+    pub fn seed_or_fresh(&self, state: &AppState) -> u64 {
+        self.seed.unwrap_or_else(|| state.fresh_seed())
+    }
+
+    /// The stop strings asked for.
+    pub fn stop_strings(&self) -> Vec<String> {
+        self.stop
+            .clone()
+            .map(OneOrMany::into_vec)
+            .unwrap_or_default()
+    }
+}
+
+/// OpenAI's `finish_reason` (and SGLang's `finish_reason.type`).
+pub fn finish_reason(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::StopToken | StopReason::StopString => "stop",
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+    }
+}
+
+/// The text of generated tokens as an API returns it: cut before the first stop
+/// string (the engine keeps the token that completed it; OpenAI's text ends before
+/// the stop).
+pub fn visible_text(text: &str, stops: &[String]) -> String {
+    let cut = stops
+        .iter()
+        .filter_map(|s| text.find(s.as_str()))
+        .min()
+        .unwrap_or(text.len());
+    text[..cut].to_string()
+}

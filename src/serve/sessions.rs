@@ -1,0 +1,413 @@
+//! Fork sessions: a trainer's own tree search over HTTP. A session is one engine
+//! sequence the client drives step by step — generate, append an observation, fork
+//! into branches that share its computed prefix (nothing is recomputed), close.
+//!
+//! The table maps session ids to sequences. A session is *leased* while an operation
+//! runs on it (a second one at once gets 409); an operation whose client goes away
+//! mid-way (its handler is dropped) closes the session and frees its sequence, since
+//! what it holds is then unknown to the client. Idle sessions close after the TTL;
+//! the table holds at most `max_sessions` (429 beyond).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{Path, State};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::engine::{Engine, WeightVersion};
+use crate::kv::SeqId;
+use crate::model::TokenId;
+
+use super::body::{chat_prompt, text_or_ids, ApiJson, MessageInput};
+use super::error::ServeError;
+use super::sampling::{finish_reason, visible_text, SamplingFields};
+use super::state::AppState;
+
+/// A session's default `max_new_tokens` (SGLang's default), so a step ends without
+/// the client naming a limit.
+const DEFAULT_STEP_TOKENS: usize = 128;
+/// Most branches one fork makes.
+const MAX_FORK: usize = 256;
+
+struct Session {
+    seq: SeqId,
+    /// Every token of the session: the prompt, appended and generated tokens.
+    tokens: Vec<TokenId>,
+    /// The weights of its last generation (or those served when it was created).
+    weight_version: WeightVersion,
+    last_used: Instant,
+    leased: bool,
+}
+
+/// The live sessions.
+pub struct SessionTable {
+    sessions: Mutex<HashMap<String, Session>>,
+    max: usize,
+    ttl: Duration,
+    /// Makes ids: a counter mixed with the server's start time.
+    next_id: Mutex<u64>,
+}
+
+impl SessionTable {
+    pub fn new(max: usize, ttl: Duration) -> Self {
+        let start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        SessionTable {
+            sessions: Mutex::new(HashMap::new()),
+            max,
+            ttl,
+            next_id: Mutex::new(start),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
+        // A panic while the lock was held cannot leave a session half-written (each
+        // change is one insert or field store), so a poisoned lock is still usable.
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether `n` more sessions fit.
+    fn check_room(&self, n: usize) -> Result<(), ServeError> {
+        if self.len() + n > self.max {
+            return Err(ServeError::SessionLimit { limit: self.max });
+        }
+        Ok(())
+    }
+
+    fn fresh_id(&self) -> String {
+        let mut next = self.next_id.lock().unwrap_or_else(|p| p.into_inner());
+        *next = next.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        format!("sess-{:016x}", z ^ (z >> 31))
+    }
+
+    /// Adds a session over `seq` (the caller frees `seq` if this fails).
+    fn insert(
+        &self,
+        seq: SeqId,
+        tokens: Vec<TokenId>,
+        weight_version: WeightVersion,
+    ) -> Result<String, ServeError> {
+        let mut sessions = self.lock();
+        if sessions.len() >= self.max {
+            return Err(ServeError::SessionLimit { limit: self.max });
+        }
+        let id = self.fresh_id();
+        sessions.insert(
+            id.clone(),
+            Session {
+                seq,
+                tokens,
+                weight_version,
+                last_used: Instant::now(),
+                leased: false,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Leases session `id` for one operation.
+    fn lease<'a>(&'a self, id: &str, engine: &Engine) -> Result<Lease<'a>, ServeError> {
+        let mut sessions = self.lock();
+        let s = sessions
+            .get_mut(id)
+            .ok_or_else(|| ServeError::UnknownSession(id.to_string()))?;
+        if s.leased {
+            return Err(ServeError::SessionBusy(id.to_string()));
+        }
+        s.leased = true;
+        s.last_used = Instant::now();
+        Ok(Lease {
+            table: self,
+            engine: engine.clone(),
+            id: id.to_string(),
+            seq: s.seq,
+            tokens: s.tokens.clone(),
+            weight_version: s.weight_version,
+            done: false,
+        })
+    }
+
+    fn remove(&self, id: &str) -> Option<SeqId> {
+        self.lock().remove(id).map(|s| s.seq)
+    }
+
+    /// Closes sessions idle past the TTL; returns their sequences, to be freed.
+    pub fn expire(&self) -> Vec<SeqId> {
+        let now = Instant::now();
+        let mut sessions = self.lock();
+        let expired: Vec<String> = sessions
+            .iter()
+            .filter(|(_, s)| !s.leased && now.duration_since(s.last_used) >= self.ttl)
+            .map(|(id, _)| id.clone())
+            .collect();
+        expired
+            .iter()
+            .filter_map(|id| sessions.remove(id).map(|s| s.seq))
+            .collect()
+    }
+
+    /// How often the reaper should look for expired sessions.
+    pub fn sweep_interval(&self) -> Duration {
+        (self.ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(5))
+    }
+
+    /// Every session's sequence, emptying the table (server shutdown).
+    pub fn drain(&self) -> Vec<SeqId> {
+        self.lock().drain().map(|(_, s)| s.seq).collect()
+    }
+}
+
+/// One operation's hold on a session. [`Lease::finish`] records what it added and
+/// ends the lease; dropped unfinished (the client went away mid-operation) it closes
+/// the session and frees its sequence.
+struct Lease<'a> {
+    table: &'a SessionTable,
+    engine: Engine,
+    id: String,
+    seq: SeqId,
+    tokens: Vec<TokenId>,
+    weight_version: WeightVersion,
+    done: bool,
+}
+
+impl Lease<'_> {
+    fn finish(mut self, added: &[TokenId], weight_version: Option<WeightVersion>) -> usize {
+        self.done = true;
+        let mut sessions = self.table.lock();
+        match sessions.get_mut(&self.id) {
+            Some(s) => {
+                s.tokens.extend_from_slice(added);
+                if let Some(v) = weight_version {
+                    s.weight_version = v;
+                }
+                s.leased = false;
+                s.last_used = Instant::now();
+                s.tokens.len()
+            }
+            // Deleted while the operation ran.
+            None => self.tokens.len() + added.len(),
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Some(seq) = self.table.remove(&self.id) {
+                self.engine.release(seq);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CreateRequest {
+    input_ids: Option<Vec<i64>>,
+    text: Option<String>,
+    /// Chat messages, rendered with the model's template ready for the reply.
+    messages: Option<Vec<MessageInput>>,
+}
+
+/// `POST /v1/sessions`.
+pub async fn create(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<CreateRequest>,
+) -> Result<Json<Value>, ServeError> {
+    let tokens = match &req.messages {
+        Some(m) if req.input_ids.is_none() && req.text.is_none() => chat_prompt(&state, m)?,
+        Some(_) => {
+            return Err(ServeError::invalid(
+                "messages",
+                "give one of `messages`, `text` or `input_ids`",
+            ))
+        }
+        None => text_or_ids(&state, req.text.as_deref(), req.input_ids.as_deref())?,
+    };
+    state.sessions.check_room(1)?;
+    let weight_version = state.engine.stats().await?.weight_version;
+    let seq = state.engine.add_sequence(tokens.clone()).await?;
+    let length = tokens.len();
+    let id = state
+        .sessions
+        .insert(seq, tokens, weight_version)
+        .inspect_err(|_| state.engine.release(seq))?;
+    Ok(Json(json!({
+        "session_id": id,
+        "length": length,
+        "weight_version": weight_version,
+    })))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct GenerateRequest {
+    sampling_params: SamplingFields,
+}
+
+/// `POST /v1/sessions/{id}/generate`: the generated tokens join the session.
+pub async fn generate(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<GenerateRequest>,
+) -> Result<Json<Value>, ServeError> {
+    let mut fields = req.sampling_params;
+    fields.max_new_tokens = Some(fields.max_new_tokens.unwrap_or(DEFAULT_STEP_TOKENS));
+    let lease = state.sessions.lease(&id, &state.engine)?;
+    let seed = fields.seed_or_fresh(&state);
+    let run = async {
+        let params = fields.gen_params(&state, lease.tokens.len(), seed, 0)?;
+        let _permit = state.admission.admit(1).await?;
+        Ok::<_, ServeError>(state.engine.generate(lease.seq, params).await?)
+    };
+    let result = run.await;
+    let g = match result {
+        Ok(g) => g,
+        Err(e) => {
+            lease.finish(&[], None);
+            return Err(e);
+        }
+    };
+    let length = lease.finish(&g.tokens, Some(g.weight_version));
+    let text = visible_text(
+        &state.model.tokenizer.decode(&g.tokens)?,
+        &fields.stop_strings(),
+    );
+    Ok(Json(json!({
+        "output_ids": g.tokens,
+        "logprobs": g.logprobs,
+        "text": text,
+        "finish_reason": finish_reason(g.stop),
+        "length": length,
+        "weight_version": g.weight_version,
+    })))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct AppendRequest {
+    input_ids: Option<Vec<i64>>,
+    text: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/append`: tokens (an observation) added to the session,
+/// computed with its next generation or fork.
+pub async fn append(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<AppendRequest>,
+) -> Result<Json<Value>, ServeError> {
+    let tokens = text_or_ids(&state, req.text.as_deref(), req.input_ids.as_deref())?;
+    let lease = state.sessions.lease(&id, &state.engine)?;
+    if lease.tokens.len() + tokens.len() >= state.max_positions() {
+        let prompt = lease.tokens.len();
+        lease.finish(&[], None);
+        return Err(ServeError::ContextLength {
+            prompt,
+            requested: tokens.len(),
+            max: state.max_positions(),
+        });
+    }
+    match state.engine.append(lease.seq, tokens.clone()).await {
+        Ok(()) => {
+            let length = lease.finish(&tokens, None);
+            Ok(Json(json!({ "length": length })))
+        }
+        Err(e) => {
+            lease.finish(&[], None);
+            Err(e.into())
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(default)]
+pub struct ForkRequest {
+    n: usize,
+}
+
+impl Default for ForkRequest {
+    fn default() -> Self {
+        ForkRequest { n: 1 }
+    }
+}
+
+/// `POST /v1/sessions/{id}/fork`: `n` new sessions sharing the session's computed
+/// prefix (its pending tokens are computed once, first).
+pub async fn fork(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<ForkRequest>,
+) -> Result<Json<Value>, ServeError> {
+    if req.n == 0 || req.n > MAX_FORK {
+        return Err(ServeError::invalid(
+            "n",
+            format!("between 1 and {MAX_FORK} branches"),
+        ));
+    }
+    state.sessions.check_room(req.n)?;
+    let lease = state.sessions.lease(&id, &state.engine)?;
+    let run = async {
+        state.engine.prefill(lease.seq).await?;
+        let mut ids = Vec::with_capacity(req.n);
+        for _ in 0..req.n {
+            let child = state.engine.fork(lease.seq).await?;
+            let id = state
+                .sessions
+                .insert(child, lease.tokens.clone(), lease.weight_version)
+                .inspect_err(|_| state.engine.release(child))?;
+            ids.push(id);
+        }
+        Ok::<_, ServeError>(ids)
+    };
+    let result = run.await;
+    lease.finish(&[], None);
+    Ok(Json(json!({ "session_ids": result? })))
+}
+
+/// `GET /v1/sessions/{id}`.
+pub async fn show(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ServeError> {
+    let sessions = state.sessions.lock();
+    let s = sessions
+        .get(&id)
+        .ok_or_else(|| ServeError::UnknownSession(id.clone()))?;
+    Ok(Json(json!({
+        "session_id": id,
+        "length": s.tokens.len(),
+        "weight_version": s.weight_version,
+        "input_ids": s.tokens,
+        "busy": s.leased,
+    })))
+}
+
+/// `DELETE /v1/sessions/{id}`: frees its sequence (a generation running on it ends
+/// with an error for its caller).
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ServeError> {
+    let seq = state
+        .sessions
+        .remove(&id)
+        .ok_or_else(|| ServeError::UnknownSession(id.clone()))?;
+    state.engine.free(seq).await?;
+    Ok(Json(json!({ "session_id": id, "deleted": true })))
+}

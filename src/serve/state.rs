@@ -1,0 +1,201 @@
+//! What every handler shares: the engine, the model's tokenizer and template, the
+//! session table, the metrics, and the admission gate that bounds how much work the
+//! server takes on at once.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::engine::Engine;
+use crate::model::LoadedModel;
+
+use super::error::ServeError;
+use super::metrics::Metrics;
+use super::sessions::SessionTable;
+
+/// The server's limits and identity (`treegrpo serve`'s flags).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// The id `/v1/models` lists and responses name (requests may name any model:
+    /// the server serves one).
+    pub model_name: String,
+    /// Requests must carry `Authorization: Bearer KEY` (all but `GET /health`).
+    pub api_key: Option<String>,
+    /// Most live fork sessions.
+    pub max_sessions: usize,
+    /// A session idle this long is closed and its KV freed.
+    pub session_ttl: Duration,
+    /// Most sequences generating for requests at once; more wait in the queue.
+    pub max_running: usize,
+    /// Most requests waiting for room; beyond it a request gets 503 at once.
+    pub max_queue: usize,
+    /// How long a request may wait for room before it gets 503.
+    pub queue_timeout: Duration,
+    /// Largest request body, in bytes (413 above it).
+    pub max_body_bytes: usize,
+}
+
+impl ServeConfig {
+    pub fn new(model_name: impl Into<String>) -> Self {
+        ServeConfig {
+            model_name: model_name.into(),
+            api_key: None,
+            max_sessions: 1024,
+            session_ttl: Duration::from_secs(600),
+            max_running: 256,
+            max_queue: 1024,
+            queue_timeout: Duration::from_secs(60),
+            max_body_bytes: 16 << 20,
+        }
+    }
+}
+
+/// The handlers' shared state (cloned into each: an `Arc`).
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+pub struct Inner {
+    pub engine: Engine,
+    pub model: Arc<LoadedModel>,
+    pub config: ServeConfig,
+    pub sessions: SessionTable,
+    pub metrics: Metrics,
+    pub admission: Admission,
+    /// Seeds of requests that name none: distinct per request, so two unseeded
+    /// requests sample differently, as an OpenAI client expects.
+    nonce: AtomicU64,
+    /// Request ids (`cmpl-…`, `chatcmpl-…`).
+    ids: AtomicU64,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+impl AppState {
+    pub fn new(engine: Engine, config: ServeConfig) -> Self {
+        let model = engine.model().clone();
+        let started = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        AppState(Arc::new(Inner {
+            sessions: SessionTable::new(config.max_sessions, config.session_ttl),
+            admission: Admission::new(config.max_running, config.max_queue, config.queue_timeout),
+            metrics: Metrics::default(),
+            engine,
+            model,
+            config,
+            nonce: AtomicU64::new(started),
+            ids: AtomicU64::new(0),
+        }))
+    }
+}
+
+impl Inner {
+    /// A seed for a request that names none.
+    pub fn fresh_seed(&self) -> u64 {
+        // Successive nonces mixed (splitmix64's finaliser), so seeds of consecutive
+        // requests share no structure.
+        let mut z = self
+            .nonce
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A fresh response id with `prefix` (`cmpl`, `chatcmpl`).
+    pub fn request_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{:x}", self.ids.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Token ids below this are in the model's vocabulary.
+    pub fn vocab(&self) -> usize {
+        self.model.model.config().vocab_size
+    }
+
+    /// The context window in tokens.
+    pub fn max_positions(&self) -> usize {
+        self.model.model.config().max_position_embeddings
+    }
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Bounds the sequences generating for requests at once. A request takes one permit
+/// per sequence it runs; when there are none it queues, up to `max_queue` waiting
+/// requests and `timeout` of waiting, and past either gets 503 with `Retry-After`.
+pub struct Admission {
+    permits: Arc<Semaphore>,
+    max_running: usize,
+    waiting: AtomicUsize,
+    max_queue: usize,
+    timeout: Duration,
+}
+
+impl Admission {
+    fn new(max_running: usize, max_queue: usize, timeout: Duration) -> Self {
+        Admission {
+            permits: Arc::new(Semaphore::new(max_running)),
+            max_running,
+            waiting: AtomicUsize::new(0),
+            max_queue,
+            timeout,
+        }
+    }
+
+    /// Waits for room for `sequences` sequences; the permit holds it until dropped.
+    pub async fn admit(&self, sequences: usize) -> Result<OwnedSemaphorePermit, ServeError> {
+        if sequences > self.max_running {
+            return Err(ServeError::invalid(
+                "n",
+                format!(
+                    "{sequences} sequences at once are more than the server runs for one \
+                     request ({})",
+                    self.max_running
+                ),
+            ));
+        }
+        let wanted = sequences.max(1) as u32;
+        if let Ok(permit) = self.permits.clone().try_acquire_many_owned(wanted) {
+            return Ok(permit);
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ServeError::Overloaded("the request queue is full"));
+        }
+        let waited = tokio::time::timeout(
+            self.timeout,
+            self.permits.clone().acquire_many_owned(wanted),
+        )
+        .await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        match waited {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_)) => Err(ServeError::Overloaded("the server is shutting down")),
+            Err(_) => Err(ServeError::Overloaded(
+                "the request waited past the queue timeout",
+            )),
+        }
+    }
+
+    /// Requests waiting for room now.
+    pub fn queue_depth(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
+    }
+
+    /// Sequences running for requests now.
+    pub fn running(&self) -> usize {
+        self.max_running - self.permits.available_permits()
+    }
+}
