@@ -98,25 +98,26 @@ pub struct ContentPart {
 
 impl MessageInput {
     pub fn to_message(&self) -> Result<ChatMessage, ServeError> {
-        let content =
-            match &self.content {
-                ContentInput::Text(t) => t.clone(),
-                ContentInput::Parts(parts) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.kind.as_str(), &p.text) {
-                            ("text", Some(t)) => text.push_str(t),
-                            (kind, _) => return Err(ServeError::invalid(
+        let content = match &self.content {
+            ContentInput::Text(t) => t.clone(),
+            ContentInput::Parts(parts) => {
+                let mut text = String::new();
+                for p in parts {
+                    match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(ServeError::invalid(
                                 "messages",
                                 format!(
                                     "content parts of type '{kind}' are not supported (text only)"
                                 ),
-                            )),
+                            ))
                         }
                     }
-                    text
                 }
-            };
+                text
+            }
+        };
         Ok(ChatMessage::new(self.role.clone(), content))
     }
 }

@@ -1,8 +1,10 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod http;
 pub mod oracle;
 pub mod rng;
+pub mod server;
 pub mod tiny;
 
 use std::path::PathBuf;
