@@ -183,12 +183,12 @@ fn a_streamed_completion_equals_the_whole_one() {
         assert_eq!(tokens[i], ids(&choice["token_ids"]), "choice {i}");
         let last = chunks
             .iter()
-            .filter(|c| {
+            .rev()
+            .find(|c| {
                 c["choices"]
                     .as_array()
                     .is_some_and(|a| a.iter().any(|x| x["index"] == i))
             })
-            .last()
             .unwrap();
         let finish = last["choices"][0]["finish_reason"].clone();
         assert_eq!(finish, choice["finish_reason"]);
