@@ -231,7 +231,10 @@ fn the_openai_package_drives_the_server() {
     assert!(report["cached_tokens"].as_u64().unwrap() >= 16, "{report}");
     assert_eq!(report["bad_request"], 400);
     // The standard-library client's example: an agent loop forking at step boundaries.
-    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/python/fork_agent_example.py");
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/clients/python/fork_agent_example.py"
+    );
     let python = std::env::var("TREEGRPO_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = Command::new(python)
         .arg(example)
@@ -239,8 +242,15 @@ fn the_openai_package_drives_the_server() {
         .output()
         .unwrap();
     let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{printed}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(printed.contains("prefix tokens reused by forks"), "{printed}");
+    assert!(
+        out.status.success(),
+        "{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        printed.contains("prefix tokens reused by forks"),
+        "{printed}"
+    );
     // Every request's sequences were freed, the example's sessions closed.
     assert_eq!(server.metric("treegrpo_sequences"), 0.0);
     assert_eq!(server.metric("treegrpo_sessions"), 0.0);

@@ -76,15 +76,16 @@ pub fn config_from_metadata(md: &Metadata<'_>) -> Result<ModelConfig, ModelError
     })
 }
 
-/// Loads weights, tokenizer and template from the GGUF file at `path`.
-pub fn load(path: &Path) -> Result<GgufModel, ModelError> {
-    let (file, content) = read_content(path)?;
-    let md = Metadata {
-        content: &content,
-        path,
-    };
-    let config = config_from_metadata(&md)?;
-    let tokenizer = gguf_tokenizer(&md)?;
+/// What a GGUF header describes: the config, the tokenizer and the chat template.
+pub struct GgufHeader {
+    pub config: ModelConfig,
+    pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
+}
+
+fn header(md: &Metadata<'_>) -> Result<GgufHeader, ModelError> {
+    let config = config_from_metadata(md)?;
+    let tokenizer = gguf_tokenizer(md)?;
     let chat_template = match md.get("tokenizer.chat_template") {
         Some(_) => Some(ChatTemplate::new(
             md.string("tokenizer.chat_template")?,
@@ -93,6 +94,35 @@ pub fn load(path: &Path) -> Result<GgufModel, ModelError> {
         )?),
         None => None,
     };
+    Ok(GgufHeader {
+        config,
+        tokenizer,
+        chat_template,
+    })
+}
+
+/// Everything [`load`] reads before the weights, from a file's bytes in memory (the
+/// fuzz target; `path` only names the file in errors).
+pub fn read_header(bytes: &[u8], path: &Path) -> Result<GgufHeader, ModelError> {
+    let content = super::gguf_file::read_content_from_bytes(bytes, path)?;
+    header(&Metadata {
+        content: &content,
+        path,
+    })
+}
+
+/// Loads weights, tokenizer and template from the GGUF file at `path`.
+pub fn load(path: &Path) -> Result<GgufModel, ModelError> {
+    let (file, content) = read_content(path)?;
+    let md = Metadata {
+        content: &content,
+        path,
+    };
+    let GgufHeader {
+        config,
+        tokenizer,
+        chat_template,
+    } = header(&md)?;
     let mut src = GgufSource {
         path: path.to_path_buf(),
         file,

@@ -46,6 +46,18 @@ pub fn read_content(path: &Path) -> Result<(std::fs::File, Content), ModelError>
     Ok((file, content))
 }
 
+/// [`read_content`] of a file already in memory: the same checks, the length of
+/// `bytes` as the file size, `path` only naming it in errors (the fuzz target).
+pub fn read_content_from_bytes(bytes: &[u8], path: &Path) -> Result<Content, ModelError> {
+    Reader {
+        inner: bytes,
+        pos: 0,
+        len: bytes.len() as u64,
+        path: path.to_path_buf(),
+    }
+    .content()
+}
+
 /// Maps GGUF's numeric type tags to candle's quantisation types.
 pub fn ggml_dtype(tag: u32) -> Option<GgmlDType> {
     Some(match tag {

@@ -35,7 +35,7 @@ pub use demo::{demonstrate, demonstrations};
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;
 pub use forest::{Node, Tree};
-pub use output::{read_forest, Output};
+pub use output::{parse_forest, read_forest, Output};
 pub use run::{
     run_rollout, ForestSummary, Interrupt, Progress, ProgressFn, RolloutRequest, RolloutResult,
     RunHooks, RunOptions, RunSummary, TokenSummary,

@@ -3,7 +3,7 @@
 //! `treegrpo view`, or a trainer) with bad lines named by file and line.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::error::RolloutError;
@@ -66,15 +66,18 @@ impl Output {
 /// Reads `forest.jsonl` (one [`Tree`] per line; blank lines are skipped). A line that
 /// is not a tree is an error naming the file and the 1-based line number.
 pub fn read_forest(path: &Path) -> Result<Vec<Tree>, RolloutError> {
-    let file = std::fs::File::open(path).map_err(|e| RolloutError::Io(path.to_path_buf(), e))?;
-    let reader = std::io::BufReader::new(file);
+    let bytes = std::fs::read(path).map_err(|e| RolloutError::Io(path.to_path_buf(), e))?;
+    parse_forest(&bytes, path)
+}
+
+/// [`read_forest`] of a file's bytes in memory (`path` names it in errors).
+pub fn parse_forest(bytes: &[u8], path: &Path) -> Result<Vec<Tree>, RolloutError> {
     let mut trees = Vec::new();
-    for (i, line) in reader.split(b'\n').enumerate() {
-        let line = line.map_err(|e| RolloutError::Io(path.to_path_buf(), e))?;
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
         if line.iter().all(|b| b.is_ascii_whitespace()) {
             continue;
         }
-        let tree: Tree = serde_json::from_slice(&line).map_err(|e| RolloutError::ForestLine {
+        let tree: Tree = serde_json::from_slice(line).map_err(|e| RolloutError::ForestLine {
             path: path.to_path_buf(),
             line: i + 1,
             message: json_message(&e),

@@ -41,6 +41,15 @@ pub struct TrainingData {
 /// Reads and checks `path` against the model it will train.
 pub fn read_trajectories(path: &Path, model: &ModelConfig) -> Result<TrainingData, TrainError> {
     let text = std::fs::read_to_string(path).map_err(|e| TrainError::Io(path.to_path_buf(), e))?;
+    parse_trajectories(&text, path, model)
+}
+
+/// [`read_trajectories`] of a file's text in memory (`path` names it in errors).
+pub fn parse_trajectories(
+    text: &str,
+    path: &Path,
+    model: &ModelConfig,
+) -> Result<TrainingData, TrainError> {
     let bad = |line: usize, message: String| TrainError::BadInput {
         path: path.to_path_buf(),
         line,
