@@ -25,7 +25,7 @@ HOST=$(rustc -vV | sed -n 's/^host: //p')
 # explicit --target these flags reach the targets' crates, not build scripts.
 export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4 \
 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table \
--Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing -Cdebug-assertions -Coverflow-checks \
+-Cllvm-args=-sanitizer-coverage-trace-compares --cfg fuzzing \
 -Ctarget-feature=+avx2,+fma,+f16c"
 (cd fuzz && cargo build --release --target "$HOST" --bins)
 SCRATCH="$CARGO_TARGET_DIR/fuzz-corpus"

@@ -85,11 +85,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         seed: a.step.seed,
         sampling: Sampling::from_temperature(Some(a.step.temperature)),
         max_step_tokens: a.step.max_step_tokens,
-        kv_budget_bytes: a
-            .kv_mib
-            .map_or_else(treegrpo::engine::EngineConfig::auto_kv_budget_bytes, |m| {
-                m << 20
-            }),
+        kv_budget_bytes: super::flags::kv_budget_bytes(a.kv_mib),
         max_concurrent_prompts: a.concurrent_prompts,
     };
     let modes: Vec<_> = default_modes()

@@ -75,20 +75,14 @@ impl TreeFlags {
     /// The search these flags describe (prefixes reused).
     pub fn tree_config(&self) -> TreeConfig {
         let sampling = Sampling::from_temperature(Some(self.step.temperature));
-        let mut cfg = match self.chains {
-            Some(g) => TreeConfig::chains(g, sampling, self.step.seed),
-            None => TreeConfig::new(
-                TreeShape {
-                    trees: self.trees,
-                    expand: self.expand,
-                    rounds: self.rounds,
-                    keep: self.keep,
-                    selection: self.select,
-                },
-                sampling,
-                self.step.seed,
-            ),
+        let tree = TreeShape {
+            trees: self.trees,
+            expand: self.expand,
+            rounds: self.rounds,
+            keep: self.keep,
+            selection: self.select,
         };
+        let mut cfg = TreeConfig::chains_or_tree(self.chains, tree, sampling, self.step.seed);
         cfg.max_step_tokens = self.step.max_step_tokens;
         cfg
     }
@@ -104,6 +98,13 @@ impl TreeFlags {
         );
         Ok(())
     }
+}
+
+/// `--kv-mib`: the KV budget in bytes, or a quarter of the available memory.
+pub fn kv_budget_bytes(kv_mib: Option<usize>) -> usize {
+    kv_mib.map_or_else(treegrpo::engine::EngineConfig::auto_kv_budget_bytes, |m| {
+        m << 20
+    })
 }
 
 #[derive(Debug, Clone, Args)]

@@ -82,9 +82,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let engine = Engine::start(
         model,
         EngineConfig {
-            kv_budget_bytes: a
-                .kv_mib
-                .map_or_else(EngineConfig::auto_kv_budget_bytes, |m| m << 20),
+            kv_budget_bytes: super::flags::kv_budget_bytes(a.kv_mib),
             max_batch_seqs: a.max_batch_seqs,
             ..EngineConfig::default()
         },

@@ -150,9 +150,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let engine = Engine::start(
         model.clone(),
         EngineConfig {
-            kv_budget_bytes: a
-                .kv_mib
-                .map_or_else(EngineConfig::auto_kv_budget_bytes, |m| m << 20),
+            kv_budget_bytes: super::flags::kv_budget_bytes(a.kv_mib),
             ..EngineConfig::default()
         },
     )?;

@@ -81,6 +81,20 @@ impl TreeConfig {
         Self::new(TreeShape::chains(g), sampling, seed)
     }
 
+    /// G chains when `chains` says so, else the trees of `tree` (how the CLI's and
+    /// the server's options read: `--chains G` overrides the tree flags).
+    pub fn chains_or_tree(
+        chains: Option<usize>,
+        tree: TreeShape,
+        sampling: Sampling,
+        seed: u64,
+    ) -> Self {
+        match chains {
+            Some(g) => Self::chains(g, sampling, seed),
+            None => Self::new(tree, sampling, seed),
+        }
+    }
+
     /// Whether the search grows no branches (G chains): the GRPO baseline.
     pub fn is_chains(&self) -> bool {
         self.shape.is_chains()

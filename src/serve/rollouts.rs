@@ -88,22 +88,20 @@ impl RolloutBody {
             return Err(ServeError::invalid("max_step_tokens", "at least 1"));
         }
         let sampling = Sampling::from_temperature(Some(self.temperature));
-        let mut cfg = match self.chains {
-            Some(0) => return Err(ServeError::invalid("chains", "at least 1")),
-            Some(g) => TreeConfig::chains(g, sampling, self.seed),
-            None if self.trees == 0 => return Err(ServeError::invalid("trees", "at least 1")),
-            None => TreeConfig::new(
-                TreeShape {
-                    trees: self.trees,
-                    expand: self.expand,
-                    rounds: self.rounds,
-                    keep: self.keep,
-                    selection: self.select.unwrap_or(Selection::Paper),
-                },
-                sampling,
-                self.seed,
-            ),
+        if self.chains == Some(0) {
+            return Err(ServeError::invalid("chains", "at least 1"));
+        }
+        if self.chains.is_none() && self.trees == 0 {
+            return Err(ServeError::invalid("trees", "at least 1"));
+        }
+        let tree = TreeShape {
+            trees: self.trees,
+            expand: self.expand,
+            rounds: self.rounds,
+            keep: self.keep,
+            selection: self.select.unwrap_or(Selection::Paper),
         };
+        let mut cfg = TreeConfig::chains_or_tree(self.chains, tree, sampling, self.seed);
         cfg.max_step_tokens = self.max_step_tokens;
         Ok(cfg)
     }
