@@ -362,9 +362,9 @@ pub async fn fork(
     }
     state.sessions.check_room(req.n)?;
     let lease = state.sessions.lease(&id, &state.engine)?;
+    let mut ids = Vec::with_capacity(req.n);
     let run = async {
         state.engine.prefill(lease.seq).await?;
-        let mut ids = Vec::with_capacity(req.n);
         for _ in 0..req.n {
             let child = state.engine.fork(lease.seq).await?;
             let id = state
@@ -373,11 +373,20 @@ pub async fn fork(
                 .inspect_err(|_| state.engine.release(child))?;
             ids.push(id);
         }
-        Ok::<_, ServeError>(ids)
+        Ok::<_, ServeError>(())
     };
     let result = run.await;
     lease.finish(&[], None);
-    Ok(Json(json!({ "session_ids": result? })))
+    if let Err(e) = result {
+        // All or nothing: the branches made before the failure are closed again.
+        for id in &ids {
+            if let Some(seq) = state.sessions.remove(id) {
+                state.engine.release(seq);
+            }
+        }
+        return Err(e);
+    }
+    Ok(Json(json!({ "session_ids": ids })))
 }
 
 /// `GET /v1/sessions/{id}`.
