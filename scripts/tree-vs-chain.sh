@@ -8,7 +8,7 @@
 #     TASK    calc (default) or search-qa
 #     SEEDS   seeds per arm (default 3)
 #     STEPS   RL steps per run (default 4)
-#   Environment: PROMPTS (prompts per step, default 4), LR (default 1e-5), EVAL
+#   Environment: FIRST_SEED (skip the seeds before it), PROMPTS (prompts per step, default 4), LR (default 1e-5), EVAL
 #   (test questions per evaluation, default 20),
 #   KEEP_CHECKPOINTS=1 to keep each run's final checkpoint (1.6 GB each; removed by
 #   default once the run's log is written, so six runs do not fill the disk).
@@ -36,13 +36,16 @@ COMMON=(--task "$TASK" --steps "$STEPS" --prompts-per-step "$PROMPTS" --lr "$LR"
 if [ ! -f "$OUT/warm/config.json" ]; then
   "$BIN" sft --task "$TASK" --examples 32 --epochs 1 --turns 2 --out "$OUT/warm"
 fi
-runs=()
-for seed in $(seq 1 "$SEEDS"); do
+# FIRST_SEED=K skips the seeds before K (their runs are already in OUT).
+for seed in $(seq "${FIRST_SEED:-1}" "$SEEDS"); do
   "$BIN" train --model "$OUT/warm" "${COMMON[@]}" --seed "$seed" --out "$OUT/tree-2-2-1-seed$seed"
   "$BIN" train --model "$OUT/warm" "${COMMON[@]}" --seed "$seed" --chains 4 --out "$OUT/chain-4-seed$seed"
   if [ "${KEEP_CHECKPOINTS:-0}" != 1 ]; then
     rm -rf "$OUT/tree-2-2-1-seed$seed/checkpoint" "$OUT/chain-4-seed$seed/checkpoint"
   fi
+done
+runs=()
+for seed in $(seq 1 "$SEEDS"); do
   runs+=("$OUT/tree-2-2-1-seed$seed" "$OUT/chain-4-seed$seed")
 done
 "$BIN" plot "${runs[@]}" --out "$OUT/compare.svg"

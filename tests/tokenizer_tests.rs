@@ -210,6 +210,30 @@ fn empty_string() {
     assert_eq!(p.ours.tokenizer.decode(&[]).unwrap(), "");
 }
 
+/// Found by the `tokenizer` fuzz target: SmolLM2's vocabulary has no token for some
+/// control bytes. Both tokenizers drop such a byte (HF's BPE has no unknown token to
+/// give it) and agree on every other token; decoding gives the text without exactly
+/// those bytes.
+#[test]
+fn bytes_the_vocabulary_lacks_are_dropped_by_both_tokenizers() {
+    let p = pair();
+    let alphabet = common::tiny::byte_chars();
+    let missing: Vec<u8> = (0..=255u8)
+        .filter(|&b| p.ours.tokenizer.token_id(&alphabet[b as usize].to_string()).is_none())
+        .collect();
+    eprintln!("bytes without a token: {missing:02x?}");
+    assert!(
+        missing.iter().all(|b| b.is_ascii_control()),
+        "only control bytes lack a token: {missing:02x?}"
+    );
+    let text: String = (0u8..0x80).map(char::from).chain("café 12 ✓".chars()).collect();
+    let ours = p.ours.tokenizer.encode(&text, false).unwrap();
+    let theirs = p.theirs.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+    assert_eq!(ours, theirs);
+    let kept: String = text.chars().filter(|c| !(c.is_ascii() && missing.contains(&(*c as u8)))).collect();
+    assert_eq!(p.ours.tokenizer.decode(&ours).unwrap(), kept);
+}
+
 /// The special-token table itself: every control token encodes to its own id, alone.
 #[test]
 fn every_control_token_is_one_token() {
