@@ -1,80 +1,18 @@
-//! `treegrpo serve` on `127.0.0.1:0`, driven over plain HTTP: every endpoint's shape,
-//! its numbers against an oracle (the single-sequence `engine::generate`, a fresh
-//! session, the engine's counters), each bad input's status while another client's
-//! session goes on, limits, disconnects and expiry freeing their sequences.
+//! `treegrpo serve` on `127.0.0.1:0`, driven over plain HTTP: every endpoint's shape
+//! and its numbers against an oracle (the single-sequence `engine::generate`, a fresh
+//! session, the new weights' own output, the engine's counters).
 //!
 //! The model is a tiny seeded one written by the test (fast, and a second seed is a
-//! checkpoint of the same shape with other weights); the default model's checks are
-//! in `serve_default_model_tests.rs`.
+//! checkpoint of the same shape with other weights); bad input, limits and
+//! disconnects are in `serve_limits_tests.rs`, the default model's checks in
+//! `serve_default_model_tests.rs`.
 
 mod common;
 
-use std::io::Write;
-use std::net::TcpStream;
-use std::path::Path;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use candle_core::DType;
 use common::http::{self, Reply};
-use common::server::TestServer;
-use common::tiny::{Flavour, TinyModel};
+use common::server::{floats, greedy_oracle, ids, ok, serve, tiny, wait_until_idle};
 use serde_json::{json, Value};
-use treegrpo::engine::{generate, EngineConfig, GenerateRequest, Sampling};
 use treegrpo::model::LoadedModel;
-use treegrpo::serve::ServeConfig;
-
-/// A tiny model with room for long generations (the disconnect tests need time).
-fn tiny(dir: &Path, seed: u64) -> Arc<LoadedModel> {
-    let mut t = TinyModel::new(Flavour::Llama, seed);
-    t.context = 4096;
-    t.write_hf(dir, DType::F32, 1);
-    Arc::new(LoadedModel::load(dir).unwrap())
-}
-
-struct Fixture {
-    _dir: tempfile::TempDir,
-    model: Arc<LoadedModel>,
-    server: TestServer,
-}
-
-fn serve_with(configure: impl FnOnce(&mut ServeConfig)) -> Fixture {
-    let dir = tempfile::tempdir().unwrap();
-    let model = tiny(&dir.path().join("tiny"), 7);
-    let mut config = ServeConfig::new("tiny");
-    configure(&mut config);
-    let server = TestServer::start(model.clone(), EngineConfig::default(), config);
-    Fixture {
-        _dir: dir,
-        model,
-        server,
-    }
-}
-
-fn serve() -> Fixture {
-    serve_with(|_| {})
-}
-
-fn ok(reply: Reply) -> Value {
-    assert_eq!(reply.status, 200, "{}", reply.text());
-    reply.json()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
 
 const PROMPT: [u32; 6] = [40, 41, 42, 100, 101, 7];
 
@@ -87,23 +25,10 @@ fn greedy_completion_on_token_ids_equals_the_single_sequence_generate() {
         &json!({"model": "tiny", "prompt": PROMPT, "max_tokens": 20, "temperature": 0,
                 "logprobs": 1, "return_token_ids": true}),
     ));
-    let oracle = generate(
-        &f.model.model,
-        &GenerateRequest {
-            prompt: PROMPT.to_vec(),
-            max_new_tokens: 20,
-            sampling: Sampling::Greedy,
-            seed: 0,
-            stop_tokens: f.model.tokenizer.eos_ids().to_vec(),
-            prefill_chunk: 512,
-        },
-    )
-    .unwrap();
+    let (want, want_lp) = greedy_oracle(&f.model.model, &PROMPT, 20, f.model.tokenizer.eos_ids());
     let choice = &got["choices"][0];
-    let want: Vec<u32> = oracle.tokens.iter().map(|t| t.token).collect();
     assert_eq!(ids(&choice["token_ids"]), want);
     assert_eq!(ids(&choice["prompt_token_ids"]), PROMPT.to_vec());
-    let want_lp: Vec<f32> = oracle.tokens.iter().map(|t| t.logprob).collect();
     assert_eq!(floats(&choice["logprobs"]["token_logprobs"]), want_lp);
     assert_eq!(
         choice["text"].as_str().unwrap(),
@@ -388,7 +313,7 @@ fn a_fork_shares_the_prefix_and_generates_as_a_fresh_session_would() {
 fn a_weight_update_changes_the_output_and_recomputes_cached_prefixes() {
     let f = serve();
     let a = f.server.addr;
-    let other = f._dir.path().join("tiny-8");
+    let other = f.dir.path().join("tiny-8");
     tiny(&other, 8);
     let long: Vec<u32> = (0..40).map(|i| 20 + i).collect();
     let body = json!({"prompt": long, "max_tokens": 8, "temperature": 0, "logprobs": 0,
@@ -425,22 +350,7 @@ fn a_weight_update_changes_the_output_and_recomputes_cached_prefixes() {
     );
     // The oracle: the new weights' own greedy output.
     let new_model = LoadedModel::load(&other).unwrap();
-    let greedy_oracle = |prompt: Vec<u32>, n: usize, stop_tokens: Vec<u32>| {
-        let out = generate(
-            &new_model.model,
-            &GenerateRequest {
-                prompt,
-                max_new_tokens: n,
-                sampling: Sampling::Greedy,
-                seed: 0,
-                stop_tokens,
-                prefill_chunk: 512,
-            },
-        )
-        .unwrap();
-        out.tokens.iter().map(|t| t.token).collect::<Vec<u32>>()
-    };
-    let want = greedy_oracle(long.clone(), 8, new_model.tokenizer.eos_ids().to_vec());
+    let (want, _) = greedy_oracle(&new_model.model, &long, 8, new_model.tokenizer.eos_ids());
     assert_eq!(ids(&after["choices"][0]["token_ids"]), want);
     // The old session's KV is recomputed under the new weights on its next use
     // (its first blocks from the prefix the request above cached under them).
@@ -455,7 +365,7 @@ fn a_weight_update_changes_the_output_and_recomputes_cached_prefixes() {
     session_tokens.extend(ids(&old_step["output_ids"]));
     assert_eq!(
         ids(&step["output_ids"]),
-        greedy_oracle(session_tokens, 4, Vec::new())
+        greedy_oracle(&new_model.model, &session_tokens, 4, &[]).0
     );
     // A path that is not a model fails and changes nothing.
     let bad = http::post(
@@ -466,337 +376,6 @@ fn a_weight_update_changes_the_output_and_recomputes_cached_prefixes() {
     assert_eq!(bad.status, 400, "{}", bad.text());
     assert_eq!(bad.json()["success"], false);
     assert_eq!(bad.json()["weight_version"], 1);
-}
-
-/// Generates on a session in a thread (a long, exactly known generation).
-fn background_generation(
-    addr: std::net::SocketAddr,
-    sid: String,
-) -> std::thread::JoinHandle<Value> {
-    std::thread::spawn(move || {
-        ok(http::post(
-            addr,
-            &format!("/v1/sessions/{sid}/generate"),
-            &json!({"sampling_params": {"max_new_tokens": 3500, "temperature": 0, "ignore_eos": true}}),
-        ))
-    })
-}
-
-#[test]
-fn each_bad_input_gets_its_status_while_another_session_finishes() {
-    let f = serve_with(|c| c.max_body_bytes = 64 << 10);
-    let a = f.server.addr;
-    let s = ok(http::post(a, "/v1/sessions", &json!({"input_ids": PROMPT})));
-    let sid = s["session_id"].as_str().unwrap().to_string();
-    let running = background_generation(a, sid.clone());
-    let error = |r: Reply, status: u16| {
-        assert_eq!(r.status, status, "{}", r.text());
-        let body = r.json();
-        assert!(
-            body["error"]["message"]
-                .as_str()
-                .is_some_and(|m| !m.is_empty()),
-            "{body}"
-        );
-        assert_eq!(body["error"]["code"], status);
-        body
-    };
-    error(
-        http::post_raw(a, "/v1/completions", b"{\"prompt\": [1, 2"),
-        400,
-    );
-    let wrong = error(
-        http::post(
-            a,
-            "/v1/completions",
-            &json!({"prompt": [1, 2], "max_tokens": "many"}),
-        ),
-        400,
-    );
-    assert!(
-        wrong["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("invalid"),
-        "{wrong}"
-    );
-    let oov = error(
-        http::post(
-            a,
-            "/v1/completions",
-            &json!({"prompt": [1, 100000], "max_tokens": 2}),
-        ),
-        400,
-    );
-    assert!(oov["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("vocabulary"));
-    error(
-        http::post(
-            a,
-            "/v1/completions",
-            &json!({"prompt": [-1], "max_tokens": 2}),
-        ),
-        400,
-    );
-    let huge: Vec<u32> = (0..30_000).map(|i| i % 200).collect();
-    let big = serde_json::to_vec(&json!({"input_ids": huge})).unwrap();
-    // Over the 64 KiB body limit.
-    error(http::post_raw(a, "/v1/sessions", &big), 413);
-    // Longer than the 4096-token context, and a prompt that fits but not with the
-    // tokens asked for.
-    let long: Vec<u32> = (0..4100).map(|i| i % 200).collect();
-    error(
-        http::post(
-            a,
-            "/v1/completions",
-            &json!({"prompt": long, "max_tokens": 1}),
-        ),
-        400,
-    );
-    error(
-        http::post(a, "/v1/sessions", &json!({"input_ids": long})),
-        400,
-    );
-    error(
-        http::post(
-            a,
-            "/v1/completions",
-            &json!({"prompt": [1, 2, 3], "max_tokens": 4094}),
-        ),
-        400,
-    );
-    error(
-        http::post(
-            a,
-            "/v1/completions",
-            &json!({"prompt": [], "max_tokens": 2}),
-        ),
-        400,
-    );
-    error(
-        http::post(
-            a,
-            "/v1/completions",
-            &json!({"prompt": [1], "temperature": -1}),
-        ),
-        400,
-    );
-    error(
-        http::post(
-            a,
-            "/v1/completions",
-            &json!({"prompt": [1], "presence_penalty": 0.5}),
-        ),
-        400,
-    );
-    error(
-        http::post(a, "/v1/chat/completions", &json!({"messages": []})),
-        400,
-    );
-    error(http::post(a, "/v1/sessions/nope/generate", &json!({})), 404);
-    error(
-        http::post(a, "/v1/sessions/nope/fork", &json!({"n": 2})),
-        404,
-    );
-    error(http::delete(a, "/v1/sessions/nope"), 404);
-    error(http::get(a, "/v1/no-such-route"), 404);
-    // The running session is leased: a second operation on it conflicts.
-    std::thread::sleep(Duration::from_millis(50));
-    let busy = http::post(
-        a,
-        &format!("/v1/sessions/{sid}/append"),
-        &json!({"input_ids": [1]}),
-    );
-    if busy.status != 200 {
-        error(busy, 409);
-    }
-    error(http::post(a, "/v1/rollouts", &json!({"task": "calc"})), 400);
-    error(
-        http::post(a, "/v1/rollouts", &json!({"task": "chess", "prompts": 1})),
-        400,
-    );
-    let done = running.join().unwrap();
-    // The session's generation is the one it would have been alone.
-    let oracle = generate(
-        &f.model.model,
-        &GenerateRequest {
-            prompt: PROMPT.to_vec(),
-            max_new_tokens: 3500,
-            sampling: Sampling::Greedy,
-            seed: 0,
-            stop_tokens: Vec::new(),
-            prefill_chunk: 512,
-        },
-    )
-    .unwrap();
-    let want: Vec<u32> = oracle.tokens.iter().map(|t| t.token).collect();
-    assert_eq!(ids(&done["output_ids"]), want);
-    assert_eq!(done["finish_reason"], "length");
-}
-
-#[test]
-fn limits_answer_429_and_503_with_retry_after_and_the_key_401() {
-    let f = serve_with(|c| {
-        c.max_sessions = 2;
-        c.max_running = 1;
-        c.max_queue = 0;
-        c.api_key = Some("sekrit".into());
-    });
-    let a = f.server.addr;
-    let auth = [
-        ("Authorization", "Bearer sekrit"),
-        ("Content-Type", "application/json"),
-    ];
-    let post = |path: &str, body: &Value| {
-        http::request(a, "POST", path, &auth, Some(body.to_string().as_bytes()))
-    };
-    let denied = http::post(a, "/v1/completions", &json!({"prompt": [1]}));
-    assert_eq!(denied.status, 401);
-    assert_eq!(denied.json()["error"]["type"], "authentication_error");
-    let wrong = http::request(
-        a,
-        "GET",
-        "/v1/models",
-        &[("Authorization", "Bearer nope")],
-        None,
-    );
-    assert_eq!(wrong.status, 401);
-    assert_eq!(http::get(a, "/health").status, 200, "health needs no key");
-    let models = http::request(a, "GET", "/v1/models", &auth, None);
-    assert_eq!(models.json()["data"][0]["id"], "tiny");
-    // Sessions: two fit, the third is refused.
-    for _ in 0..2 {
-        assert_eq!(
-            post("/v1/sessions", &json!({"input_ids": [1, 2]})).status,
-            200
-        );
-    }
-    let full = post("/v1/sessions", &json!({"input_ids": [1, 2]}));
-    assert_eq!(full.status, 429, "{}", full.text());
-    assert_eq!(full.header("retry-after"), Some("1"));
-    // One sequence runs at a time and nothing may queue: a request while another
-    // runs is refused at once.
-    let body =
-        json!({"prompt": [1, 2, 3], "max_tokens": 3500, "ignore_eos": true, "temperature": 0});
-    let first = std::thread::spawn(move || {
-        http::request(
-            a,
-            "POST",
-            "/v1/completions",
-            &auth,
-            Some(body.to_string().as_bytes()),
-        )
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let m = http::request(a, "GET", "/metrics", &auth, None).text();
-        if http::metric(&m, "treegrpo_running_sequences") >= 1.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the first request never ran");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    let refused = post("/v1/completions", &json!({"prompt": [4], "max_tokens": 1}));
-    assert_eq!(refused.status, 503, "{}", refused.text());
-    assert_eq!(refused.header("retry-after"), Some("1"));
-    let first = first.join().unwrap();
-    assert_eq!(first.status, 200, "{}", first.text());
-    assert_eq!(
-        post("/v1/completions", &json!({"prompt": [4], "max_tokens": 1})).status,
-        200
-    );
-}
-
-/// Polls until no sequence is live (a dropped request's sequences are freed).
-fn wait_until_idle(server: &TestServer) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while server.metric("treegrpo_sequences") > 0.0 {
-        assert!(
-            Instant::now() < deadline,
-            "sequences still live:\n{}",
-            server.metrics()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-#[test]
-fn a_client_that_disconnects_mid_generation_frees_its_sequence() {
-    let f = serve();
-    for stream in [false, true] {
-        let mut conn = TcpStream::connect(f.server.addr).unwrap();
-        let body =
-            json!({"prompt": [1, 2, 3], "max_tokens": 3500, "ignore_eos": true, "stream": stream})
-                .to_string();
-        write!(
-            conn,
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while f.server.metric("treegrpo_sequences_generating") < 1.0 {
-            assert!(Instant::now() < deadline, "the generation never started");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        drop(conn);
-        wait_until_idle(&f.server);
-        assert_eq!(
-            f.server.metric("treegrpo_kv_blocks{state=\"in_use\"}"),
-            0.0,
-            "stream: {stream}"
-        );
-        let decoded = f.server.metric("treegrpo_tokens_decoded_total");
-        assert!(
-            decoded < 3500.0 * if stream { 2.0 } else { 1.0 },
-            "the generation stopped early"
-        );
-    }
-    // A session whose generation is abandoned is closed with it.
-    let s = ok(http::post(
-        f.server.addr,
-        "/v1/sessions",
-        &json!({"input_ids": [1, 2]}),
-    ));
-    let sid = s["session_id"].as_str().unwrap();
-    let mut conn = TcpStream::connect(f.server.addr).unwrap();
-    let body = json!({"sampling_params": {"max_new_tokens": 3500, "ignore_eos": true}}).to_string();
-    write!(
-        conn,
-        "POST /v1/sessions/{sid}/generate HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    while f.server.metric("treegrpo_sequences_generating") < 1.0 {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    drop(conn);
-    wait_until_idle(&f.server);
-    assert_eq!(f.server.metric("treegrpo_sessions"), 0.0);
-}
-
-#[test]
-fn idle_sessions_expire_after_their_ttl() {
-    let f = serve_with(|c| c.session_ttl = Duration::from_millis(300));
-    let s = ok(http::post(
-        f.server.addr,
-        "/v1/sessions",
-        &json!({"input_ids": [1, 2, 3]}),
-    ));
-    let sid = s["session_id"].as_str().unwrap();
-    assert_eq!(f.server.metric("treegrpo_sessions"), 1.0);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while f.server.metric("treegrpo_sessions") > 0.0 {
-        assert!(Instant::now() < deadline, "the session never expired");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    wait_until_idle(&f.server);
-    assert_eq!(
-        http::get(f.server.addr, &format!("/v1/sessions/{sid}")).status,
-        404
-    );
 }
 
 #[test]

@@ -219,18 +219,37 @@ fn bytes_the_vocabulary_lacks_are_dropped_by_both_tokenizers() {
     let p = pair();
     let alphabet = common::tiny::byte_chars();
     let missing: Vec<u8> = (0..=255u8)
-        .filter(|&b| p.ours.tokenizer.token_id(&alphabet[b as usize].to_string()).is_none())
+        .filter(|&b| {
+            p.ours
+                .tokenizer
+                .token_id(&alphabet[b as usize].to_string())
+                .is_none()
+        })
         .collect();
-    eprintln!("bytes without a token: {missing:02x?}");
-    assert!(
-        missing.iter().all(|b| b.is_ascii_control()),
-        "only control bytes lack a token: {missing:02x?}"
-    );
-    let text: String = (0u8..0x80).map(char::from).chain("café 12 ✓".chars()).collect();
+    // Six ASCII control bytes, bytes no UTF-8 text holds (c0, c1, f5–ff), and the
+    // lead bytes of planes 4–11 (f1, f2), unassigned in Unicode: the default model is
+    // pinned by checksum, so the list is exact.
+    let expected = [
+        0x04, 0x06, 0x13, 0x14, 0x16, 0x1d, 0xc0, 0xc1, 0xf1, 0xf2, 0xf5, 0xf6, 0xf7, 0xf8,
+        0xf9, 0xfa, 0xfb, 0xfc, 0xfd, 0xfe, 0xff,
+    ];
+    assert_eq!(missing, expected, "bytes without a token: {missing:02x?}");
+    let text: String = (0u8..0x80)
+        .map(char::from)
+        .chain("café 12 ✓".chars())
+        .collect();
     let ours = p.ours.tokenizer.encode(&text, false).unwrap();
-    let theirs = p.theirs.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+    let theirs = p
+        .theirs
+        .encode(text.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
     assert_eq!(ours, theirs);
-    let kept: String = text.chars().filter(|c| !(c.is_ascii() && missing.contains(&(*c as u8)))).collect();
+    let kept: String = text
+        .chars()
+        .filter(|c| !(c.is_ascii() && missing.contains(&(*c as u8))))
+        .collect();
     assert_eq!(p.ours.tokenizer.decode(&ours).unwrap(), kept);
 }
 

@@ -1,7 +1,8 @@
 //! The default model's tokenizer (the smollm byte-level BPE) and chat template on
 //! arbitrary text and token ids: the first byte picks what is fuzzed. Encode → decode
 //! gives the text back byte for byte, less the bytes the vocabulary has no token for
-//! (SmolLM's lacks a few control bytes; they are dropped, as HF's BPE drops them).
+//! (SmolLM2's lacks six ASCII control bytes among others; they are dropped, as HF's
+//! BPE drops them: `tests/tokenizer_tests.rs` pins the list).
 
 #![no_main]
 

@@ -1,13 +1,21 @@
 //! The server under test, in process: `treegrpo::serve::Server` bound to
-//! `127.0.0.1:0` on a runtime of its own thread, stopped when dropped.
+//! `127.0.0.1:0` on a runtime of its own thread, stopped when dropped; and the
+//! fixtures of the tests that drive it (a tiny model, JSON helpers, the oracle).
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use treegrpo::engine::{Engine, EngineConfig};
-use treegrpo::model::LoadedModel;
+use candle_core::DType;
+use serde_json::Value;
+use treegrpo::engine::{generate, Engine, EngineConfig, GenerateRequest, Sampling};
+use treegrpo::model::{LoadedModel, Model};
 use treegrpo::serve::{ServeConfig, Server};
+
+use super::http::Reply;
+use super::tiny::{Flavour, TinyModel};
 
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -65,4 +73,91 @@ impl Drop for TestServer {
             let _ = t.join();
         }
     }
+}
+
+/// A tiny model with room for long generations (the disconnect tests need time).
+pub fn tiny(dir: &Path, seed: u64) -> Arc<LoadedModel> {
+    let mut t = TinyModel::new(Flavour::Llama, seed);
+    t.context = 4096;
+    t.write_hf(dir, DType::F32, 1);
+    Arc::new(LoadedModel::load(dir).unwrap())
+}
+
+/// A server on a tiny model (seed 7), the model, and the folder holding its files
+/// (tests write other checkpoints beside it).
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+    pub model: Arc<LoadedModel>,
+    pub server: TestServer,
+}
+
+/// [`Fixture`] with the server's config changed by `configure`.
+pub fn serve_with(configure: impl FnOnce(&mut ServeConfig)) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny(&dir.path().join("tiny"), 7);
+    let mut config = ServeConfig::new("tiny");
+    configure(&mut config);
+    let server = TestServer::start(model.clone(), EngineConfig::default(), config);
+    Fixture { dir, model, server }
+}
+
+pub fn serve() -> Fixture {
+    serve_with(|_| {})
+}
+
+/// The JSON body of a 200 answer (anything else fails the test, showing the body).
+pub fn ok(reply: Reply) -> Value {
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+pub fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// Polls until no sequence is live (a dropped request's sequences are freed).
+pub fn wait_until_idle(server: &TestServer) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.metric("treegrpo_sequences") > 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "sequences still live:\n{}",
+            server.metrics()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The oracle: `prompt` generated greedily, alone, by the single-sequence path.
+pub fn greedy_oracle(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    stop_tokens: &[u32],
+) -> (Vec<u32>, Vec<f32>) {
+    let out = generate(
+        model,
+        &GenerateRequest {
+            prompt: prompt.to_vec(),
+            max_new_tokens: n,
+            sampling: Sampling::Greedy,
+            seed: 0,
+            stop_tokens: stop_tokens.to_vec(),
+            prefill_chunk: 512,
+        },
+    )
+    .unwrap();
+    out.tokens.iter().map(|t| (t.token, t.logprob)).unzip()
 }
