@@ -90,6 +90,39 @@ fn streamed_choices(
     (text, tokens, chunks)
 }
 
+/// A stop string taken from the middle of the greedy reply: both the whole and the
+/// streamed answer end just before it (the stream holds back text that could begin
+/// a stop until it is ruled out).
+#[test]
+fn a_stop_string_cuts_the_streamed_text_where_it_cuts_the_whole() {
+    let f = serve();
+    let greedy = json!({"prompt": "hello the world", "max_tokens": 40, "temperature": 0,
+                        "ignore_eos": true});
+    let free = ok(http::post(f.server.addr, "/v1/completions", &greedy));
+    let text = free["choices"][0]["text"].as_str().unwrap().to_string();
+    let chars: Vec<char> = text.chars().collect();
+    let at = (3..chars.len().saturating_sub(2))
+        .find(|&i| chars[i..i + 2].iter().all(|c| c.is_ascii_graphic()))
+        .expect("the greedy reply has two printable ASCII characters in a row");
+    let stop: String = chars[at..at + 2].iter().collect();
+    let cut = &text[..text.find(&stop).unwrap()];
+    for stream in [false, true] {
+        let mut body = greedy.clone();
+        body["stop"] = json!([stop]);
+        body["stream"] = json!(stream);
+        let reply = http::post(f.server.addr, "/v1/completions", &body);
+        let got = if stream {
+            streamed_choices(&reply, 1, "text").0.remove(0)
+        } else {
+            reply.json()["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(got, cut, "stream: {stream}, stop {stop:?} in {text:?}");
+    }
+}
+
 #[test]
 fn a_streamed_completion_equals_the_whole_one() {
     let f = serve();
