@@ -49,5 +49,6 @@ for seed in $(seq 1 "$SEEDS"); do
   runs+=("$OUT/tree-2-2-1-seed$seed" "$OUT/chain-4-seed$seed")
 done
 "$BIN" plot "${runs[@]}" --out "$OUT/compare.svg"
+python3 scripts/tree-vs-chain-summary.py "$OUT" > "$OUT/summary.txt"
 rm -f "$OUT/treegrpo"
-echo "wrote $OUT/compare.svg"
+echo "wrote $OUT/compare.svg and $OUT/summary.txt"
