@@ -158,10 +158,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeErr
             c.steps,
         ),
     ];
-    for (name, help, value) in counters {
-        family(&mut out, name, "counter", help);
-        let _ = writeln!(out, "{name} {value}");
-    }
+    series(&mut out, "counter", &counters);
     family(
         &mut out,
         "treegrpo_kv_blocks",
@@ -209,10 +206,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeErr
             stats.weight_version,
         ),
     ];
-    for (name, help, value) in gauges {
-        family(&mut out, name, "gauge", help);
-        let _ = writeln!(out, "{name} {value}");
-    }
+    series(&mut out, "gauge", &gauges);
     family(
         &mut out,
         "treegrpo_step_duration_seconds",
@@ -233,6 +227,14 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeErr
         out,
     )
         .into_response())
+}
+
+/// Unlabelled series of one kind: (name, help, value) each.
+fn series(out: &mut String, kind: &str, rows: &[(&str, &str, u64)]) {
+    for (name, help, value) in rows {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
 }
 
 fn family(out: &mut String, name: &str, kind: &str, help: &str) {
