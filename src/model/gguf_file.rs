@@ -254,7 +254,12 @@ impl<R: Read> Reader<R> {
                     "tensor '{name}': {elems} elements is not a multiple of the {dtype:?} block size"
                 )));
             }
-            let bytes = (elems / dtype.block_size()) as u64 * dtype.type_size() as u64;
+            // Checked: a crafted element count would otherwise wrap to a small size,
+            // pass the file-size check, and make the read allocate the real one (found
+            // by the `gguf_header` fuzz target; `tests/fuzz_regression_tests.rs`).
+            let bytes = ((elems / dtype.block_size()) as u64)
+                .checked_mul(dtype.type_size() as u64)
+                .ok_or_else(|| self.corrupt(format!("tensor '{name}': size overflow")))?;
             let end = data_offset.saturating_add(offset).saturating_add(bytes);
             if end > self.len {
                 return Err(self.corrupt(format!(
