@@ -161,6 +161,9 @@ async fn respond(
                 logprobs: Vec::new(),
                 reported: 0,
                 emitted: 0,
+                text: String::new(),
+                prefix_offset: 0,
+                read_offset: 0,
                 started: false,
                 completion_tokens: completion_tokens.clone(),
             };
@@ -226,6 +229,15 @@ struct ChoiceStream {
     reported: usize,
     /// Bytes of text already sent.
     emitted: usize,
+    /// The text of the tokens up to `read_offset`, decoded incrementally.
+    text: String,
+    /// Incremental detokenisation (vLLM's scheme): each new token is decoded with
+    /// the tokens from `prefix_offset` on, and what goes past the decoded text of
+    /// `prefix_offset..read_offset` is new. A window of a few tokens per step instead
+    /// of the whole generation, and right for tokenizers whose decode of a suffix
+    /// differs from the suffix of a decode (leading spaces, half characters).
+    prefix_offset: usize,
+    read_offset: usize,
     /// The chat role chunk was sent.
     started: bool,
     completion_tokens: Arc<AtomicUsize>,
@@ -286,12 +298,33 @@ impl ChoiceStream {
 
     /// The chunk of text that became final, if any; at the end (`finish`), always
     /// one, carrying the rest and the finish reason.
+    /// Extends `text` with what the tokens since `read_offset` add, once that is
+    /// whole characters.
+    fn decode_new(&mut self) -> Result<(), ServeError> {
+        let window = &self.tokens[self.prefix_offset..];
+        let before = decode(
+            &self.state,
+            &self.tokens[self.prefix_offset..self.read_offset],
+        )?;
+        let now = decode(&self.state, window)?;
+        if now.ends_with('\u{FFFD}') {
+            return Ok(()); // the last token ends inside a character: wait for more
+        }
+        if let Some(new) = now.strip_prefix(before.as_str()) {
+            self.text.push_str(new);
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.tokens.len();
+        }
+        Ok(())
+    }
+
     fn piece(&mut self, finish: Option<StopReason>) -> Result<Option<Event>, ServeError> {
-        let text = decode(&self.state, &self.tokens)?;
         let ready = if finish.is_some() {
-            visible_text(&text, &self.frame.stops)
+            // The whole decode, once, is the authority on the final text.
+            visible_text(&decode(&self.state, &self.tokens)?, &self.frame.stops)
         } else {
-            settled_prefix(&text, &self.frame.stops).to_string()
+            self.decode_new()?;
+            settled_prefix(&self.text, &self.frame.stops).to_string()
         };
         let from = self.emitted.min(ready.len());
         if ready.len() <= self.emitted && finish.is_none() {
