@@ -126,7 +126,7 @@ async fn calc_episode() {
     let env = CalcEnv::new(EnvConfig::default()).expect("env");
     assert_eq!(env.stop_strings(), ["</calc>", "</answer>"]);
     let s = QaSample::new("c1", "What is 6 times 7?", vec!["42".into()]);
-    let mut ep = env.start(&s);
+    let mut ep = env.start(&s).unwrap();
     assert!(ep.prompt()[0].content.contains("<calc> expression </calc>"));
     let o = env
         .step(&mut ep, "<think>Multiply.</think><calc>6 * 7</calc>")

@@ -116,7 +116,7 @@ async fn play(env: &dyn Environment, golden: &str, steps: &[&str]) -> treegrpo::
         "What is the capital of France?",
         vec![golden.to_owned()],
     );
-    let mut ep = env.start(&sample);
+    let mut ep = env.start(&sample).unwrap();
     for s in steps {
         env.step(&mut ep, s).await.expect("episode still running");
     }

@@ -250,7 +250,7 @@ async fn scripted_two_hop_episode() {
         .clone();
     let env = SearchQaEnv::with_bm25(corpus, DEFAULT_TOP_K, EnvConfig::default()).expect("env");
     assert_eq!(env.stop_strings(), ["</search>", "</answer>"]);
-    let mut ep = env.start(&s);
+    let mut ep = env.start(&s).unwrap();
     assert_eq!(ep.prompt().len(), 2);
     assert!(ep.prompt()[0].content.contains("<search> query </search>"));
     assert_eq!(ep.prompt()[1].content, format!("Question: {}", s.question));

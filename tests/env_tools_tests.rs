@@ -82,7 +82,7 @@ async fn hanging_and_failing_tools_become_observations() {
         |n| [Behaviour::Hang, Behaviour::Fail, Behaviour::Answer][n.min(2)],
         fast(),
     );
-    let mut ep = env.start(&sample());
+    let mut ep = env.start(&sample()).unwrap();
     let started = Instant::now();
     let o1 = env.step(&mut ep, SEARCH).await.expect("step");
     assert!(
@@ -136,7 +136,7 @@ async fn panicking_tool_is_contained() {
         },
         cfg,
     );
-    let mut ep = env.start(&sample());
+    let mut ep = env.start(&sample()).unwrap();
     let obs = env
         .step(&mut ep, SEARCH)
         .await
@@ -162,7 +162,7 @@ async fn runaway_output_is_truncated() {
         ..fast()
     };
     let env = search_env(|_| Behaviour::Flood, cfg);
-    let mut ep = env.start(&sample());
+    let mut ep = env.start(&sample()).unwrap();
     let obs = env
         .step(&mut ep, SEARCH)
         .await
@@ -179,7 +179,7 @@ async fn runaway_output_is_truncated() {
 #[tokio::test]
 async fn invalid_actions_use_turns_and_the_limit_forces_an_answer() {
     let env = search_env(|_| Behaviour::Answer, fast());
-    let mut ep = env.start(&sample());
+    let mut ep = env.start(&sample()).unwrap();
     let o1 = env.step(&mut ep, "I will just talk.").await.expect("step");
     assert_eq!(o1.action, Action::Invalid(InvalidReason::NoAction));
     assert_eq!(o1.observation.as_deref(), Some(REFERENCE_FEEDBACK));
@@ -228,7 +228,7 @@ async fn forced_turn_accepts_an_answer_and_invalid_last_turn_gets_notice() {
         ..fast()
     };
     let env = search_env(|_| Behaviour::Answer, cfg);
-    let mut ep = env.start(&sample());
+    let mut ep = env.start(&sample()).unwrap();
     let o1 = env.step(&mut ep, "<think>x</think>").await.expect("step");
     let notice = turn_limit_notice(&Tags::default(), ActionKind::Search);
     assert_eq!(
@@ -250,7 +250,7 @@ async fn forced_turn_accepts_an_answer_and_invalid_last_turn_gets_notice() {
             ..fast()
         },
     );
-    let mut ep = direct.start(&sample());
+    let mut ep = direct.start(&sample()).unwrap();
     assert!(ep.prompt()[0].content.contains("cannot search"));
     let o = direct.step(&mut ep, SEARCH).await.expect("step");
     assert!(o.done && !o.action.is_valid());
@@ -259,7 +259,7 @@ async fn forced_turn_accepts_an_answer_and_invalid_last_turn_gets_notice() {
 #[tokio::test]
 async fn episodes_fork_and_segment() {
     let env = search_env(|_| Behaviour::Answer, fast());
-    let mut root = env.start(&sample());
+    let mut root = env.start(&sample()).unwrap();
     env.step(&mut root, SEARCH).await.expect("step");
     let mut left = root.clone();
     let mut right = root.clone();
@@ -316,7 +316,7 @@ fn config_and_custom_tags() {
         },
     );
     assert_eq!(env.stop_strings(), ["</tool>", "</answer>"]);
-    let ep = env.start(&sample());
+    let ep = env.start(&sample()).unwrap();
     assert!(ep.prompt()[0].content.contains("<tool> query </tool>"));
     assert!(
         invalid_action_feedback(&tags, ActionKind::Search).contains("between <tool> and </tool>")

@@ -166,7 +166,12 @@ fn tree_rollouts_compute_no_token_twice_and_have_one_plus_nl_leaves() {
     let prompt_tokens: u64 = samples
         .iter()
         .take(2)
-        .map(|q| model.chat_prompt(env.start(q).prompt()).unwrap().len() as u64)
+        .map(|q| {
+            model
+                .chat_prompt(env.start(q).unwrap().prompt())
+                .unwrap()
+                .len() as u64
+        })
         .sum();
     // Each prompt's tokens are either computed once for its forest or found in the
     // prefix cache (the system prompt all prompts share is computed once for the run).

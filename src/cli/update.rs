@@ -4,12 +4,9 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use candle_core::DType;
 use clap::Args;
 use treegrpo::train::input::read_trajectories;
-use treegrpo::train::{
-    load_optimizer, save_checkpoint, update_with_progress, CheckpointExtras, Optimizer, Params,
-};
+use treegrpo::train::update_checkpoint;
 
 #[derive(Debug, Args)]
 pub struct UpdateArgs {
@@ -51,46 +48,36 @@ pub fn run(a: UpdateArgs) -> anyhow::Result<()> {
         data.samples.len(),
         data.temperature
     );
-    let params = Params::from_model(&m.model, DType::F32)?;
-    let config = a.update.optimizer_config();
-    let mut optimizer = match a.model.as_deref().filter(|p| p.is_dir()) {
-        Some(dir) => match load_optimizer(dir, &params)? {
-            Some(mut o) if o.config.kind == config.kind => {
-                o.config = config;
-                o
-            }
-            _ => Optimizer::new(config),
-        },
-        None => Optimizer::new(config),
+    let model_path = match a.model.as_deref() {
+        Some(p) => p.to_path_buf(),
+        None => treegrpo::model::fetch::default_model_path(),
     };
-    let cfg = a.update.update_config(data.temperature);
     let t_update = Instant::now();
-    let metrics = update_with_progress(&params, &mut optimizer, &data.samples, &cfg, &mut |p| {
-        eprint!(
-            "\rmicro-batch {}/{}: {}/{} rows, {:.0} s",
-            p.micro_batches_done,
-            p.micro_batches,
-            p.rows_done,
-            p.rows,
-            t_update.elapsed().as_secs_f64()
-        );
-    })?;
-    eprintln!();
-    save_checkpoint(
+    let report = update_checkpoint(
+        &m,
+        &model_path,
+        &data,
+        a.update.optimizer_config(),
+        a.update.update_config(data.temperature),
         &a.out,
-        &params,
-        CheckpointExtras {
-            loop_state: None,
-            tokenizer: &m.tokenizer,
-            chat_template: m.chat_template.as_ref(),
-            optimizer: Some(&optimizer),
+        &mut |p| {
+            eprint!(
+                "\rmicro-batch {}/{}: {}/{} rows, {:.0} s",
+                p.micro_batches_done,
+                p.micro_batches,
+                p.rows_done,
+                p.rows,
+                t_update.elapsed().as_secs_f64()
+            );
         },
     )?;
+    eprintln!();
+    let metrics = report.metrics;
     let mut line = serde_json::to_value(&metrics)?;
     line["seconds"] = t0.elapsed().as_secs_f64().into();
     line["update_seconds"] = metrics.seconds.into();
     line["peak_rss_bytes"] = peak_rss_bytes().into();
-    line["step"] = optimizer.step.into();
+    line["step"] = report.step.into();
     println!("{line}");
     eprintln!("wrote {}", a.out.display());
     Ok(())

@@ -6,7 +6,9 @@
 //!   forward, and what its rows mean for each sequence.
 //! - `preempt`: preemption by recompute under memory pressure (victims, restore).
 //! - `finish`: sampling a generation's next token and its stop conditions.
-//! - [`handle`]: [`Engine`], the core on its own thread behind an async API.
+//! - [`handle`]: [`Engine`], the core on its own thread behind an async API;
+//!   [`owned`]: [`OwnedSeq`], a sequence freed when the work that owns it ends or is
+//!   abandoned.
 //! - [`stop`]: generation parameters and stop conditions.
 //! - [`weights`]: swapping the served weights; weight versions.
 //! - [`counters`]: every computed row counted once (prefilled, decoded, reused).
@@ -20,6 +22,7 @@ pub mod error;
 mod finish;
 pub mod generate;
 pub mod handle;
+pub mod owned;
 mod preempt;
 pub mod rng;
 pub mod sampling;
@@ -32,6 +35,7 @@ pub use counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
 pub use error::EngineError;
 pub use generate::{generate, GenerateRequest};
 pub use handle::{Engine, TokenStream};
+pub use owned::OwnedSeq;
 pub use rng::SeqRng;
 pub use sampling::{SampledToken, Sampling};
 pub use stop::{GenParams, StopReason};

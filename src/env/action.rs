@@ -53,6 +53,12 @@ pub enum Action {
     Answer(String),
     Calc(String),
     Invalid(InvalidReason),
+    /// A step of an environment that reads its own steps (one written in Python):
+    /// this crate parses nothing; `continues` is whether the environment answered with
+    /// an observation and went on (counted as a tool call).
+    External {
+        continues: bool,
+    },
 }
 
 impl Action {
@@ -62,21 +68,24 @@ impl Action {
             Action::Search(_) => Some(ActionKind::Search),
             Action::Answer(_) => Some(ActionKind::Answer),
             Action::Calc(_) => Some(ActionKind::Calc),
-            Action::Invalid(_) => None,
+            Action::Invalid(_) | Action::External { .. } => None,
         }
     }
 
     /// Whether the action calls a tool (whose result becomes an observation). A new
     /// tool is added here, with its variant, and nowhere else.
     pub fn is_tool_call(&self) -> bool {
-        matches!(self, Action::Search(_) | Action::Calc(_))
+        matches!(
+            self,
+            Action::Search(_) | Action::Calc(_) | Action::External { continues: true }
+        )
     }
 
     /// The trimmed content of a valid action.
     pub fn content(&self) -> Option<&str> {
         match self {
             Action::Search(s) | Action::Answer(s) | Action::Calc(s) => Some(s),
-            Action::Invalid(_) => None,
+            Action::Invalid(_) | Action::External { .. } => None,
         }
     }
 

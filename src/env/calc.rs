@@ -76,14 +76,14 @@ impl Environment for CalcEnv {
         stop_strings(&self.cfg.tags, ActionKind::Calc)
     }
 
-    fn start(&self, sample: &QaSample) -> Episode {
+    fn start(&self, sample: &QaSample) -> Result<Episode, EnvError> {
         let prompt = initial_messages(
             ActionKind::Calc,
             &self.cfg.tags,
             self.cfg.max_turns,
             &sample.question,
         );
-        Episode::new(sample.clone(), prompt, self.cfg.max_turns)
+        Ok(Episode::new(sample.clone(), prompt, self.cfg.max_turns))
     }
 
     async fn step(&self, episode: &mut Episode, step_text: &str) -> Result<StepOutcome, EnvError> {

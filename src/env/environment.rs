@@ -73,8 +73,10 @@ pub trait Environment: Send + Sync {
     fn stop_strings(&self) -> Vec<String>;
 
     /// Starts an episode: its prompt is the system message (tools and
-    /// protocol) and the user message (the question).
-    fn start(&self, sample: &QaSample) -> Episode;
+    /// protocol) and the user message (the question). Built-in tasks always
+    /// start; a user-defined environment may fail
+    /// ([`EnvError::EpisodeFailed`]: that prompt fails, the run goes on).
+    fn start(&self, sample: &QaSample) -> Result<Episode, EnvError>;
 
     /// Takes one model step. Invalid actions, tool failures and the turn
     /// limit are reported in the outcome; `Err` only for stepping an episode

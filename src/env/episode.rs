@@ -1,5 +1,12 @@
 //! One trajectory's state: the prompt, the steps taken so far, and whether
 //! it is over. Cloning an `Episode` forks the trajectory (tree rollouts).
+//!
+//! An environment defined outside this crate (a Python class, one object per
+//! episode) keeps its per-episode object here as [`ExternalState`]; cloning the
+//! episode forks that object with the environment's own copy.
+
+use std::any::Any;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +48,37 @@ pub struct Segment<'a> {
     pub text: &'a str,
 }
 
+/// Per-episode state of an environment defined outside this crate (a Python
+/// environment's episode object). Tree rollouts fork an episode by cloning it, so
+/// [`ExternalState::fork`] is called at every point a branch can start from.
+pub trait ExternalState: Send + Sync + fmt::Debug + Any {
+    /// An independent copy for a branch that continues from here. It cannot fail:
+    /// a copy that could not be made records why, and the branch's next step reports
+    /// it (the branch fails, the run goes on).
+    fn fork(&self) -> Box<dyn ExternalState>;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// An [`ExternalState`] held by an episode: cloned by forking, equal only to
+/// itself, never serialised (it is the environment's, not the trajectory's).
+#[derive(Debug)]
+struct ExternalSlot(Box<dyn ExternalState>);
+
+impl Clone for ExternalSlot {
+    fn clone(&self) -> Self {
+        ExternalSlot(self.0.fork())
+    }
+}
+
+impl PartialEq for ExternalSlot {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::addr_eq(self.0.as_ref(), other.0.as_ref())
+    }
+}
+
+impl Eq for ExternalSlot {}
+
 /// The state of one trajectory.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Episode {
@@ -49,6 +87,8 @@ pub struct Episode {
     steps: Vec<StepRecord>,
     max_turns: usize,
     done: bool,
+    #[serde(skip)]
+    external: Option<ExternalSlot>,
 }
 
 impl Episode {
@@ -59,7 +99,31 @@ impl Episode {
             steps: Vec::new(),
             max_turns,
             done: false,
+            external: None,
         }
+    }
+
+    /// An episode of an environment defined outside this crate, holding that
+    /// environment's per-episode `state` (see [`ExternalState`]).
+    pub fn with_external_state(
+        sample: QaSample,
+        prompt: Vec<ChatMessage>,
+        max_turns: usize,
+        state: Box<dyn ExternalState>,
+    ) -> Self {
+        let mut episode = Self::new(sample, prompt, max_turns);
+        episode.external = Some(ExternalSlot(state));
+        episode
+    }
+
+    /// The external environment's per-episode state, if it is a `T`.
+    pub fn external_state<T: ExternalState>(&self) -> Option<&T> {
+        self.external.as_ref()?.0.as_any().downcast_ref()
+    }
+
+    /// The external environment's per-episode state, mutably, if it is a `T`.
+    pub fn external_state_mut<T: ExternalState>(&mut self) -> Option<&mut T> {
+        self.external.as_mut()?.0.as_any_mut().downcast_mut()
     }
 
     pub fn sample(&self) -> &QaSample {
@@ -122,7 +186,9 @@ impl Episode {
         self.segments().iter().map(|s| s.text).collect()
     }
 
-    pub(crate) fn push(&mut self, record: StepRecord, done: bool) {
+    /// Records a finished step; `done` ends the episode. Environments call this from
+    /// [`Environment::step`](crate::env::Environment::step), once per step.
+    pub fn push(&mut self, record: StepRecord, done: bool) {
         self.steps.push(record);
         self.done = done;
     }

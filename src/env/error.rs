@@ -34,6 +34,19 @@ pub enum EnvError {
     /// `step` was called on an episode that already ended.
     #[error("episode of sample {0} is already finished")]
     EpisodeFinished(SampleId),
+    /// An environment's own code failed for one episode: a user-defined environment
+    /// (a Python class) raised, returned something unusable, or ran past its
+    /// timeout. Only that episode's branch ends, with this recorded; the run goes on.
+    #[error("environment failed: {0}")]
+    EpisodeFailed(String),
+}
+
+impl EnvError {
+    /// Whether the error is one episode's failure (its branch ends, the run goes on)
+    /// rather than misuse that stops the run.
+    pub fn is_episode_failure(&self) -> bool {
+        matches!(self, EnvError::EpisodeFailed(_))
+    }
 }
 
 /// A tool's own failure. The environment turns it into observation text.

@@ -36,7 +36,7 @@ pub use agent_loop::{run_agent_loop, ModelStep, StepDone, StepModel};
 pub use calc::{CalcEnv, CalcTool};
 pub use corpus::{Corpus, Document};
 pub use environment::{Environment, Score, ScoreDetails, StepOutcome};
-pub use episode::{Episode, Segment, SegmentKind, StepRecord};
+pub use episode::{Episode, ExternalState, Segment, SegmentKind, StepRecord};
 pub use error::{EnvError, ToolError};
 pub use ids::{DocId, SampleId};
 pub use protocol::EnvConfig;

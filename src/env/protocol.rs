@@ -155,7 +155,11 @@ pub(crate) async fn protocol_step(
     let (observation, done) = match &action {
         Action::Answer(_) => (None, true),
         _ if answer_only => (None, true),
-        Action::Invalid(_) => (Some(invalid_action_feedback(tags, slot.kind)), false),
+        // `parse_action` never yields `External` (only environments outside the crate
+        // do); were it to, it would be no action this protocol knows.
+        Action::Invalid(_) | Action::External { .. } => {
+            (Some(invalid_action_feedback(tags, slot.kind)), false)
+        }
         Action::Search(input) | Action::Calc(input) => {
             let outcome = run_tool(Arc::clone(&slot.tool), input, cfg.tool_timeout).await;
             tool_status = Some(outcome.status);
@@ -217,7 +221,7 @@ pub(crate) fn score_episode(
         None => (false, 0.0),
     };
     let correctness = answer.as_ref().map(|_| match metric {
-        RewardMetric::ExactMatch => f64::from(u8::from(exact_match)),
+        RewardMetric::ExactMatch | RewardMetric::Environment => f64::from(u8::from(exact_match)),
         RewardMetric::F1 => f1,
     });
     let steps = episode.steps();

@@ -23,6 +23,9 @@ pub enum RewardMetric {
     ExactMatch,
     /// Best token-level SQuAD F1 over the golden answers.
     F1,
+    /// The environment's own reward: a user-defined environment (a Python class)
+    /// grades its episodes itself. The QA tasks treat it as exact match.
+    Environment,
 }
 
 /// The five reward levels (defaults in the module doc).

@@ -164,8 +164,8 @@ pub async fn run_mistralrs_chains(
     }
     let prompts: Vec<Vec<TokenId>> = samples
         .iter()
-        .map(|q| ours.chat_prompt(env.start(q).prompt()))
-        .collect::<Result<_, _>>()?;
+        .map(|q| Ok(ours.chat_prompt(env.start(q)?.prompt())?))
+        .collect::<Result<_, PeerError>>()?;
     if prompts.iter().any(|p| p.is_empty()) {
         return Err(PeerError::Invalid("a prompt has no tokens".into()));
     }
@@ -387,7 +387,7 @@ async fn run_chain(
         ctx.workload.max_step_tokens,
         &ctx.peer_stops,
     );
-    let mut episode = ctx.env.start(sample);
+    let mut episode = ctx.env.start(sample)?;
     let mut chain = PeerChain {
         ctx,
         params,

@@ -19,7 +19,8 @@ use super::sampler::{ForestCost, SamplerContext};
 pub(super) struct BranchOutcome {
     pub(super) grown: Vec<Grown>,
     pub(super) cost: ForestCost,
-    /// Steps completed and the error, when a sequence limit stopped the branch.
+    /// Steps completed and the error, when a sequence limit or the environment's own
+    /// failure stopped the branch.
     pub(super) failure: Option<(usize, String)>,
 }
 
@@ -99,7 +100,7 @@ impl StepModel for BranchModel<'_> {
             // later branches from here start without recomputing anything.
             engine.prefill(self.steps.seq).await?;
             if self.ctx.config.prefix_reuse && self.ctx.config.shape.rounds > 0 {
-                snapshot = Some(engine.fork(self.steps.seq).await?);
+                snapshot = Some(self.ctx.fork(self.steps.seq).await?);
             }
         }
         self.grown.push(Grown {
@@ -108,6 +109,15 @@ impl StepModel for BranchModel<'_> {
             episode: episode.clone(),
         });
         Ok(())
+    }
+}
+
+/// Whether an error ends only the branch it happened in.
+fn ends_branch(e: &RolloutError) -> bool {
+    match e {
+        RolloutError::Engine(e) => e.is_sequence_limit(),
+        RolloutError::Env(e) => e.is_episode_failure(),
+        _ => false,
     }
 }
 
@@ -127,9 +137,9 @@ pub(super) async fn grow_branch(
         failure: Some((0, e.to_string())),
     };
     let seq = match start {
-        BranchStart::Fork(snapshot) => engine.fork(snapshot).await?,
+        BranchStart::Fork(snapshot) => ctx.fork(snapshot).await?,
         BranchStart::Resend { prefix, recomputed } => {
-            match engine.add_sequence(prefix.clone()).await {
+            match ctx.add_sequence(prefix.clone()).await {
                 Ok(seq) => {
                     if recomputed {
                         cost.recomputed += prefix.len() as u64;
@@ -159,18 +169,19 @@ pub(super) async fn grow_branch(
     let BranchModel {
         grown, mut cost, ..
     } = branch;
-    cost.usage.add(&engine.free(seq).await?);
+    cost.usage.add(&ctx.free(seq).await?);
     match result {
         Ok(()) => Ok(BranchOutcome {
             grown,
             cost,
             failure: None,
         }),
-        // One sequence of this branch cannot fit: the branch fails, the run goes on.
-        Err(RolloutError::Engine(e)) if e.is_sequence_limit() => {
+        // One sequence of this branch cannot fit, or a user-defined environment failed
+        // on this episode: the branch fails, the run goes on.
+        Err(e) if ends_branch(&e) => {
             for g in &grown {
                 if let Some(s) = g.snapshot {
-                    add_snapshot_usage(&mut cost, &engine.free(s).await?);
+                    add_snapshot_usage(&mut cost, &ctx.free(s).await?);
                 }
             }
             Ok(BranchOutcome {

@@ -70,7 +70,7 @@ pub async fn demonstrate(
     env: &dyn Environment,
     sample: &QaSample,
 ) -> Result<Option<Trajectory>, RolloutError> {
-    let mut episode = env.start(sample);
+    let mut episode = env.start(sample)?;
     let prompt_ids = model.chat_prompt(episode.prompt())?;
     let mut oracle = OracleSteps {
         env,

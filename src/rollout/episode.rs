@@ -112,7 +112,7 @@ pub async fn run_episode(
     params: &EpisodeParams,
 ) -> Result<(Trajectory, Episode), RolloutError> {
     let model = engine.model().clone();
-    let mut episode = env.start(sample);
+    let mut episode = env.start(sample)?;
     let prompt_ids = model.chat_prompt(episode.prompt())?;
     let seq = engine.add_sequence(prompt_ids.clone()).await?;
     let mut agent = EpisodeModel {

@@ -26,7 +26,9 @@ use super::error::RolloutError;
 use super::export::{score_forest, TrajectoryRecord};
 use super::forest::Tree;
 use super::output::Output;
-use super::sampler::{sample_prompt_forest, FailedBranch, Forest, ForestCost, SamplerContext};
+use super::sampler::{
+    sample_prompt_forest, FailedBranch, Forest, ForestCost, PromptStart, SamplerContext,
+};
 
 /// A new prompt starts only while at least 1/this of the KV pool is free or
 /// evictable (and nothing waits for room): under memory pressure the run finishes
@@ -221,8 +223,8 @@ pub struct RunHooks {
 /// as prompts finish, if given).
 ///
 /// When `hooks.interrupt` resolves, forests still growing are abandoned (their
-/// sequences stay in the engine, which should be dropped), every finished forest is
-/// kept and written, and the summary says `interrupted`.
+/// sequences are freed), every finished forest is kept and written, and the summary
+/// says `interrupted`.
 pub async fn run_rollout(
     engine: Engine,
     request: RolloutRequest,
@@ -243,12 +245,34 @@ pub async fn run_rollout(
     let stats = engine.stats().await?;
     let before = stats.counters;
     let model = engine.model().clone();
-    let prompts: Vec<Vec<TokenId>> = samples
+    // Each prompt's episode is started once, here: a user-defined environment's
+    // `start` may have effects, and one that fails fails only its prompt.
+    let mut starts = Vec::with_capacity(samples.len());
+    for q in &samples {
+        starts.push(match env.start(q) {
+            Ok(episode) => {
+                let prompt_ids = model.chat_prompt(episode.prompt())?;
+                Ok(PromptStart {
+                    episode,
+                    prompt_ids,
+                })
+            }
+            Err(e) if e.is_episode_failure() => Err(e.to_string()),
+            Err(e) => return Err(e.into()),
+        });
+    }
+    let prompts: Vec<Vec<TokenId>> = starts
         .iter()
-        .map(|q| model.chat_prompt(env.start(q).prompt()))
-        .collect::<Result<_, _>>()?;
+        .map(|s| {
+            s.as_ref()
+                .map_or_else(|_| Vec::new(), |s| s.prompt_ids.clone())
+        })
+        .collect();
     let shared = if config.prefix_reuse {
-        prefill_shared_prefix(&engine, &prompts, stats.kv.block_size).await?
+        // Prompts that failed to start have no tokens and share nothing.
+        let started: Vec<Vec<TokenId>> =
+            prompts.iter().filter(|p| !p.is_empty()).cloned().collect();
+        prefill_shared_prefix(&engine, &started, stats.kv.block_size).await?
     } else {
         None
     };
@@ -260,6 +284,7 @@ pub async fn run_rollout(
         computed_at_start: before.computed(),
         budget_spent: AtomicBool::new(false),
         prompt_room_blocks: stats.kv.num_blocks / PROMPT_ROOM_FRACTION,
+        live: Default::default(),
     });
     let n = samples.len();
     let permits = Arc::new(Semaphore::new(match options.max_concurrent_prompts {
@@ -267,12 +292,16 @@ pub async fn run_rollout(
         k => k,
     }));
     let mut jobs = JoinSet::new();
-    for (i, sample) in samples.iter().cloned().enumerate() {
+    for (i, start) in starts.into_iter().enumerate() {
         let ctx = ctx.clone();
         let permits = permits.clone();
         jobs.spawn(async move {
             let _permit = permits.acquire_owned().await;
-            (i, sample_prompt_forest(ctx, i as u64, sample).await)
+            let forest = match start {
+                Ok(start) => sample_prompt_forest(ctx, i as u64, start).await,
+                Err(error) => Ok(Forest::failed_prompt(error)),
+            };
+            (i, forest)
         });
     }
     let mut interrupt = interrupt.unwrap_or_else(|| Box::pin(std::future::pending()));
@@ -333,6 +362,9 @@ pub async fn run_rollout(
         // Abandon forests still growing; keep every finished one (in prompt order,
         // skipping the unfinished gaps).
         jobs.abort_all();
+        // Wait until every task is gone, then free what their sequences left.
+        while jobs.join_next().await.is_some() {}
+        ctx.free_all_left().await;
         for (_, f) in std::mem::take(&mut ready) {
             kept.add(&mut out, f)?;
         }

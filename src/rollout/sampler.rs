@@ -20,8 +20,8 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
-use crate::engine::{Engine, SeqRng, SeqUsage};
-use crate::env::{Environment, Episode, QaSample};
+use crate::engine::{Engine, EngineError, SeqRng, SeqUsage};
+use crate::env::{Environment, Episode};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
@@ -84,6 +84,32 @@ pub struct Forest {
     pub wall_seconds: f64,
 }
 
+impl Forest {
+    /// The forest of a prompt that could not start (its environment failed to start
+    /// the episode): no trees, the failure recorded.
+    pub fn failed_prompt(error: String) -> Self {
+        Forest {
+            trees: Vec::new(),
+            failed: vec![FailedBranch {
+                tree: None,
+                branch: 0,
+                start_node: 0,
+                steps_done: 0,
+                error,
+            }],
+            cost: ForestCost::default(),
+            wall_seconds: 0.0,
+        }
+    }
+}
+
+/// A prompt as the run started it: its episode (the environment's `start`, called
+/// once per prompt) and the episode's prompt as token ids.
+pub struct PromptStart {
+    pub episode: Episode,
+    pub prompt_ids: Vec<TokenId>,
+}
+
 /// What a node needs at run time: its snapshot sequence and episode state.
 struct NodeRuntime {
     snapshot: Option<SeqId>,
@@ -104,9 +130,54 @@ pub struct SamplerContext {
     /// KV blocks that must be free or evictable before a new prompt starts: under
     /// memory pressure the run finishes the forests it has before starting more.
     pub prompt_room_blocks: usize,
+    /// Every sequence the run's forests hold now (branches, snapshots, roots): an
+    /// interrupted run, whose tasks were dropped mid-way, frees what is left here.
+    pub live: std::sync::Mutex<std::collections::HashSet<SeqId>>,
 }
 
 impl SamplerContext {
+    fn track(&self, seq: SeqId, live: bool) {
+        // A poisoned lock only means another task panicked; the set is still whole.
+        let mut set = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        if live {
+            set.insert(seq);
+        } else {
+            set.remove(&seq);
+        }
+    }
+
+    /// [`Engine::add_sequence`], the sequence recorded as the run's.
+    pub async fn add_sequence(&self, prompt: Vec<TokenId>) -> Result<SeqId, EngineError> {
+        let seq = self.engine.add_sequence(prompt).await?;
+        self.track(seq, true);
+        Ok(seq)
+    }
+
+    /// [`Engine::fork`], the fork recorded as the run's.
+    pub async fn fork(&self, seq: SeqId) -> Result<SeqId, EngineError> {
+        let child = self.engine.fork(seq).await?;
+        self.track(child, true);
+        Ok(child)
+    }
+
+    /// [`Engine::free`] of one of the run's sequences.
+    pub async fn free(&self, seq: SeqId) -> Result<SeqUsage, EngineError> {
+        self.track(seq, false);
+        self.engine.free(seq).await
+    }
+
+    /// Frees every sequence still recorded (after the run's tasks were dropped).
+    pub async fn free_all_left(&self) {
+        let left: Vec<SeqId> = {
+            let mut set = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            set.drain().collect()
+        };
+        for seq in left {
+            // Freed already by a task that finished its free but not its bookkeeping.
+            let _ = self.engine.free(seq).await;
+        }
+    }
+
     /// Whether a new branch (or prompt) may start under the token budget. In-flight
     /// branches always finish: the budget can be overrun by what they compute.
     pub async fn may_start(&self) -> Result<bool, RolloutError> {
@@ -129,11 +200,15 @@ impl SamplerContext {
 pub async fn sample_prompt_forest(
     ctx: Arc<SamplerContext>,
     prompt_index: u64,
-    sample: QaSample,
+    start: PromptStart,
 ) -> Result<Forest, RolloutError> {
     let t0 = Instant::now();
     let cfg = &ctx.config;
-    let uid = sample.id.to_string();
+    let PromptStart {
+        episode,
+        prompt_ids,
+    } = start;
+    let uid = episode.sample().id.to_string();
     let mut trees: Vec<Tree> = (0..cfg.shape.trees)
         .map(|t| Tree::new(uid.clone(), t))
         .collect();
@@ -149,12 +224,10 @@ pub async fn sample_prompt_forest(
         return Ok(empty(cost, Vec::new(), t0));
     }
     ctx.engine.wait_for_kv_room(ctx.prompt_room_blocks).await?;
-    let episode = ctx.env.start(&sample);
-    let prompt_ids = ctx.engine.model().chat_prompt(episode.prompt())?;
     // The prompt, prefilled once: every tree forks from it. Without prefix reuse each
     // chain sends the prompt itself, so no shared root is computed.
     let root = if cfg.prefix_reuse {
-        match prefill_root(&ctx.engine, &prompt_ids, &mut cost).await? {
+        match prefill_root(&ctx, &prompt_ids, &mut cost).await? {
             Ok(root) => Some(root),
             Err(error) => {
                 let failed = FailedBranch {
@@ -290,7 +363,7 @@ pub async fn sample_prompt_forest(
     for rt in runtime.iter().flat_map(|m| m.values()) {
         if let Some(s) = rt.snapshot {
             if freed.insert(s) {
-                let usage = ctx.engine.free(s).await?;
+                let usage = ctx.free(s).await?;
                 if Some(s) == root {
                     cost.usage.add(&usage);
                 } else {
@@ -321,19 +394,19 @@ pub async fn sample_prompt_forest(
 /// Adds and prefills the prompt every tree forks from. `Ok(Err(message))` when the
 /// prompt itself cannot fit the KV pool or the context window.
 async fn prefill_root(
-    engine: &Engine,
+    ctx: &SamplerContext,
     prompt_ids: &[TokenId],
     cost: &mut ForestCost,
 ) -> Result<Result<SeqId, String>, RolloutError> {
-    let root = match engine.add_sequence(prompt_ids.to_vec()).await {
+    let root = match ctx.add_sequence(prompt_ids.to_vec()).await {
         Ok(root) => root,
         Err(e) if e.is_sequence_limit() => return Ok(Err(e.to_string())),
         Err(e) => return Err(e.into()),
     };
-    match engine.prefill(root).await {
+    match ctx.engine.prefill(root).await {
         Ok(()) => Ok(Ok(root)),
         Err(e) => {
-            cost.usage.add(&engine.free(root).await?);
+            cost.usage.add(&ctx.free(root).await?);
             if e.is_sequence_limit() {
                 Ok(Err(e.to_string()))
             } else {

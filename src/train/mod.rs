@@ -16,6 +16,8 @@
 //! - [`checkpoint`]: HF-layout checkpoints (Q/K un-permuted), optimiser state
 //!   beside them, swapped in whole.
 //! - [`update`]: one update — micro-batches, accumulated gradients, one step, metrics.
+//! - [`job`]: one update of a model file into a new checkpoint (optimiser restored),
+//!   as `treegrpo update` and the Python package run it.
 //! - [`serving`]: the trainer's weights as a model the engine serves after a swap.
 //!
 //! Only `model`, `engine` and `train` touch tensors.
@@ -25,6 +27,7 @@ pub mod checkpoint;
 pub mod decoder;
 pub mod error;
 pub mod input;
+pub mod job;
 pub mod layout;
 pub mod loss;
 pub mod optim;
@@ -37,6 +40,7 @@ pub mod update;
 pub use checkpoint::{load_optimizer, restore_weights, save_checkpoint, CheckpointExtras};
 pub use decoder::{PackedBatch, Scored};
 pub use error::TrainError;
+pub use job::{update_checkpoint, UpdateReport};
 pub use layout::TreeLayout;
 pub use loss::{policy_loss, LossAgg, LossConfig, LossOutput, LossRow};
 pub use optim::{Optimizer, OptimizerConfig, OptimizerKind};

@@ -61,6 +61,7 @@ fn kind_label(node: &Node) -> &'static str {
         Some(Action::Answer(_)) => "answer",
         Some(Action::Calc(_)) => "calc",
         Some(Action::Invalid(_)) => "invalid",
+        Some(Action::External { .. }) => "step",
         None if node.parent.is_none() => "prompt",
         None => "step",
     }

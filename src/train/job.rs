@@ -1,0 +1,72 @@
+//! One whole update as a caller outside the training loop runs it (`treegrpo update`,
+//! the Python package's `treegrpo.update`): the model's weights as f32 parameters, the
+//! optimiser (restored from the model's checkpoint folder when it holds one of the same
+//! kind), one update on the trajectories, and the new HF checkpoint written.
+
+use std::path::Path;
+
+use candle_core::DType;
+
+use crate::model::LoadedModel;
+
+use super::checkpoint::{load_optimizer, save_checkpoint, CheckpointExtras};
+use super::error::TrainError;
+use super::input::TrainingData;
+use super::optim::{Optimizer, OptimizerConfig};
+use super::params::Params;
+use super::update::{update_with_progress, UpdateConfig, UpdateMetrics, UpdateProgress};
+
+/// What [`update_checkpoint`] did.
+#[derive(Debug, Clone)]
+pub struct UpdateReport {
+    pub metrics: UpdateMetrics,
+    /// The optimiser's step count after the update (1 for a fresh optimiser).
+    pub step: u64,
+}
+
+/// Updates `model` (loaded from `model_path`) on `data` and writes the checkpoint to
+/// `out` (replaced only once whole). `update.temperature` is taken from the data.
+pub fn update_checkpoint(
+    model: &LoadedModel,
+    model_path: &Path,
+    data: &TrainingData,
+    optimizer: OptimizerConfig,
+    update: UpdateConfig,
+    out: &Path,
+    progress: &mut dyn FnMut(UpdateProgress),
+) -> Result<UpdateReport, TrainError> {
+    let params = Params::from_model(&model.model, DType::F32)?;
+    // A checkpoint written by an earlier update carries its optimiser state; a
+    // different optimiser kind starts afresh.
+    let restored = if model_path.is_dir() {
+        load_optimizer(model_path, &params)?
+    } else {
+        None
+    };
+    let mut opt = match restored {
+        Some(mut o) if o.config.kind == optimizer.kind => {
+            o.config = optimizer;
+            o
+        }
+        _ => Optimizer::new(optimizer),
+    };
+    let cfg = UpdateConfig {
+        temperature: data.temperature,
+        ..update
+    };
+    let metrics = update_with_progress(&params, &mut opt, &data.samples, &cfg, progress)?;
+    save_checkpoint(
+        out,
+        &params,
+        CheckpointExtras {
+            loop_state: None,
+            tokenizer: &model.tokenizer,
+            chat_template: model.chat_template.as_ref(),
+            optimizer: Some(&opt),
+        },
+    )?;
+    Ok(UpdateReport {
+        metrics,
+        step: opt.step,
+    })
+}
