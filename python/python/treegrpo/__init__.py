@@ -1,0 +1,150 @@
+"""treegrpo: Tree-GRPO rollouts for LLM agents on an inference engine whose KV cache
+forks shared prefixes instead of recomputing them.
+
+- :class:`Engine` — the engine (generate, ``await agenerate``, sessions, weights, stats).
+- :class:`Session` — one sequence kept in the engine: generate, append, fork.
+- :func:`rollout` — tree (or chain) rollouts over a built-in task or a Python environment.
+- :func:`update` — one policy-gradient update of a model into a new checkpoint.
+- :mod:`treegrpo.adapters` — trajectories in verl's and TRL's shapes.
+
+Everything heavy runs in Rust with the GIL released; Ctrl-C raises
+``KeyboardInterrupt`` promptly and leaves the engine usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from . import _treegrpo
+from ._treegrpo import Engine, Generation, Session, Tokenizer, __version__
+
+__all__ = [
+    "Engine",
+    "Generation",
+    "Session",
+    "Tokenizer",
+    "RolloutResult",
+    "rollout",
+    "update",
+    "__version__",
+]
+
+
+@dataclass
+class RolloutResult:
+    """What :func:`rollout` returns: the fields of ``treegrpo rollout --out``'s files.
+
+    ``trajectories``: one dict per leaf, as the lines of ``trajectories.jsonl``
+    (``prompt_ids``, ``response_ids``, ``response_mask``, ``response_logprobs``,
+    ``reward``, ``advantage``, ``num_turns``, ``prompt_uid``, ``tree_id``, ``leaf_id``,
+    ``node_path``, ``score``, ``temperature``). ``forests``: one dict per tree, as the
+    lines of ``forest.jsonl``. ``summary``: ``summary.json`` (token counts, rewards,
+    failed branches).
+    """
+
+    trajectories: List[Dict[str, Any]] = field(default_factory=list)
+    forests: List[Dict[str, Any]] = field(default_factory=list)
+    summary: Dict[str, Any] = field(default_factory=dict)
+
+
+def rollout(
+    engine: Engine,
+    env: Union[str, Callable[[], Any]],
+    samples: Union[int, Sequence[Any]],
+    trees: int = 2,
+    expand: int = 2,
+    rounds: int = 1,
+    keep: Optional[int] = None,
+    select: str = "paper",
+    chains: Optional[int] = None,
+    seed: int = 0,
+    advantage: Optional[str] = None,
+    max_turns: int = 3,
+    max_step_tokens: int = 256,
+    temperature: float = 1.0,
+    token_budget: Optional[int] = None,
+    max_concurrent_prompts: int = 16,
+    env_timeout: float = 30.0,
+    progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+) -> RolloutResult:
+    """Tree-GRPO rollouts of ``samples`` in ``env`` on ``engine``.
+
+    ``env``: a built-in task by name (``"search-qa"``, ``"calc"``; ``samples`` an int
+    N for its first N training samples, or task sample dicts), or a Python class (or
+    factory) whose instances are one episode each::
+
+        class MyEnv:
+            stop = ["</tool>"]              # optional: strings that end a step
+            def reset(self, sample) -> list[dict]: ...   # chat messages
+            def step(self, action_text) -> tuple[str | None, bool, float]: ...
+                                             # (observation, done, reward)
+
+    Both methods may be ``async def``. A branch forked at a node continues from
+    ``copy.deepcopy`` of the node's episode object. An exception, a bad return value
+    or a call past ``env_timeout`` seconds ends that branch with the error recorded
+    in ``summary["forests"][i]["failed_branches"]``, never the run. An episode ends
+    when ``step`` says done or after ``max_turns + 1`` steps; its reward is the last
+    one ``step`` returned.
+
+    Shape: M=``trees`` per prompt, N=``expand`` branches per tree per round,
+    L=``rounds``, K=``keep`` leaves kept per tree; ``chains=G`` for G independent
+    chains (GRPO). ``advantage``: tree, tree-2norm, inter, intra or grpo (default:
+    tree for trees, grpo for chains). The same seed gives the same trajectories.
+    """
+    options = dict(
+        trees=trees,
+        expand=expand,
+        rounds=rounds,
+        keep=keep,
+        select=select,
+        chains=chains,
+        seed=seed,
+        advantage=advantage,
+        max_turns=max_turns,
+        max_step_tokens=max_step_tokens,
+        temperature=temperature,
+        token_budget=token_budget,
+        max_concurrent_prompts=max_concurrent_prompts,
+        env_timeout=env_timeout,
+        progress=progress,
+    )
+    if isinstance(env, str):
+        return RolloutResult(**_treegrpo.rollout(engine, env, samples, **options))
+    if not isinstance(samples, list):
+        samples = list(samples) if not isinstance(samples, int) else samples
+    # `async def` methods run on a loop of the rollout's own, in a thread of its own,
+    # so they run concurrently whatever the caller's thread is doing.
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="treegrpo-env-loop", daemon=True)
+    thread.start()
+    try:
+        out = _treegrpo.rollout(engine, env, samples, event_loop=loop, **options)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        if not loop.is_running():
+            loop.close()
+    return RolloutResult(**out)
+
+
+def update(
+    model_path: Optional[str],
+    trajectories: Union[str, Sequence[Dict[str, Any]]],
+    out_dir: str,
+    **loss_options: Any,
+) -> Dict[str, Any]:
+    """One policy-gradient update of ``model_path`` (None: the default model) on
+    ``trajectories`` (the dicts :func:`rollout` returns, or a ``trajectories.jsonl``
+    path), written as an HF checkpoint to ``out_dir``; returns ``treegrpo update``'s
+    metrics (loss, pg_loss, kl, entropy, grad_norm, clip_fraction, ...).
+
+    Options, with ``treegrpo update``'s defaults: lr=1e-6, optimizer="adamw",
+    weight_decay=0.01, warmup_steps=0, clip_low=0.2, clip_high=0.2, clip_c=3.0,
+    loss_agg="token-mean", kl_coef=0.001, entropy_coef=0.001, tis_cap=2.0,
+    max_grad_norm=1.0, packed=True, micro_batch_tokens=2048. Serve the result with
+    ``engine.load_weights(out_dir)``.
+    """
+    return _treegrpo.update(model_path, trajectories, out_dir, **loss_options)

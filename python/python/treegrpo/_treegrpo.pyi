@@ -1,0 +1,136 @@
+"""Type stubs of the compiled module ``treegrpo._treegrpo`` (see ``python/src``)."""
+
+from os import PathLike
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+
+__version__: str
+
+Prompt = Union[str, Sequence[int]]
+
+class Generation:
+    """One finished generation."""
+
+    token_ids: List[int]
+    """The generated token ids (a stop token that ended it is not included)."""
+    logprobs: List[float]
+    """Natural-log probability of each token under the sampling distribution."""
+    finish_reason: str
+    """``"stop"`` (a stop token or string) or ``"length"`` (max_tokens, the context)."""
+    stop_reason: str
+    """``stop_token``, ``stop_string``, ``max_tokens`` or ``context_full``."""
+    weight_version: int
+    """The weights every token was sampled under."""
+    text: str
+    """The token ids decoded."""
+    def to_dict(self) -> Dict[str, Any]: ...
+    def __len__(self) -> int: ...
+
+class Tokenizer:
+    """The model's tokenizer and chat template."""
+
+    vocab_size: int
+    eos_token_ids: List[int]
+    bos_token_id: Optional[int]
+    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        """Token ids of ``text``; with ``add_special_tokens`` a BOS first when the
+        model wants one and special-token text becomes its token."""
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+    def apply_chat_template(
+        self,
+        messages: Sequence[Dict[str, str]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+    ) -> Union[List[int], str]:
+        """The model's own chat template applied to ``messages``."""
+
+class Session:
+    """One sequence kept in the engine: generate, append, fork. Close it (or use it
+    as a context manager); a collected session is freed."""
+
+    tokens: List[int]
+    closed: bool
+    def generate(
+        self,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        stop: Union[None, str, Sequence[str]] = None,
+        seed: Optional[int] = None,
+    ) -> Generation:
+        """Generates from the session's tokens; the tokens become part of it."""
+    def append(self, token_ids: Sequence[int]) -> None: ...
+    def fork(self, n: int = 1) -> List["Session"]:
+        """``n`` sessions sharing this one's cached prefix (nothing recomputed)."""
+    def close(self) -> None: ...
+    def __enter__(self) -> "Session": ...
+    def __exit__(self, *exc: Any) -> bool: ...
+
+class Engine:
+    """The inference engine: a model, its paged, forkable KV cache, and the scheduler
+    batching every sequence's next token into one forward."""
+
+    model_path: str
+    tokenizer: Tokenizer
+    weight_version: int
+    def __init__(
+        self,
+        model: Union[None, str, PathLike[str]] = None,
+        kv_mib: int = 1024,
+        max_batch_seqs: int = 64,
+        seed: int = 0,
+    ) -> None:
+        """``model``: a .gguf file or an HF folder; None: the default model, fetched
+        on first use as the CLI does."""
+    def generate(
+        self,
+        prompts: Union[Prompt, Sequence[Prompt]],
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        stop: Union[None, str, Sequence[str]] = None,
+        seed: Optional[int] = None,
+    ) -> List[Generation]:
+        """Completes every prompt (texts or token-id lists) in one batch."""
+    def agenerate(
+        self,
+        prompt_ids: Sequence[int],
+        sampling_params: Optional[Dict[str, Any]] = None,
+        request_id: Optional[str] = None,
+    ) -> Awaitable[Dict[str, Any]]:
+        """verl's async server call: ``{"token_ids", "log_probs", "stop_reason",
+        "weight_version"}``."""
+    def session(self, prompt_ids: Prompt) -> Session: ...
+    def load_weights(self, path: Union[str, PathLike[str]]) -> int:
+        """Serves a checkpoint's weights from now on; returns the new version."""
+    def reset_prefix_cache(self) -> None: ...
+    def stats(self) -> Dict[str, Any]:
+        """Counters (prefilled, decoded, reused, computed), KV pool, sequences,
+        weight version, step latencies."""
+
+def rollout(
+    engine: Engine,
+    env: Any,
+    samples: Any,
+    *,
+    trees: int = 2,
+    expand: int = 2,
+    rounds: int = 1,
+    keep: Optional[int] = None,
+    select: str = "paper",
+    chains: Optional[int] = None,
+    seed: int = 0,
+    advantage: Optional[str] = None,
+    max_turns: int = 3,
+    max_step_tokens: int = 256,
+    temperature: float = 1.0,
+    token_budget: Optional[int] = None,
+    max_concurrent_prompts: int = 16,
+    env_timeout: float = 30.0,
+    event_loop: Any = None,
+    progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+) -> Dict[str, Any]: ...
+def update(
+    model_path: Optional[str], trajectories: Any, out_dir: str, **options: Any
+) -> Dict[str, Any]: ...

@@ -1,0 +1,318 @@
+//! `treegrpo.Engine`: the library's engine (its own thread, batched decode over the
+//! forking KV cache) with blocking and asyncio calls, and `treegrpo.Generation`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use tokio::task::JoinSet;
+use treegrpo::engine::{Engine, EngineConfig, GenParams, Generation, OwnedSeq};
+use treegrpo::model::{LoadedModel, TokenId};
+
+use crate::awaitable::spawn_awaitable;
+use crate::convert;
+use crate::errors::{engine_error, model_error, value_error};
+use crate::runtime::wait;
+use crate::sampling::{finish_reason, stop_reason_name, stop_strings, SamplingArgs};
+use crate::session::Session;
+use crate::tokenizer::Tokenizer;
+
+/// The inference engine: a model, its paged KV cache and the scheduler batching every
+/// sequence's next token into one forward.
+#[pyclass(module = "treegrpo._treegrpo", name = "Engine", frozen)]
+pub struct PyEngine {
+    pub(crate) engine: Engine,
+    /// Where the model came from (the default model's cached file when none was named).
+    model_path: PathBuf,
+    /// The seed of calls that name none.
+    pub(crate) seed: u64,
+}
+
+impl PyEngine {
+    pub(crate) fn model(&self) -> &Arc<LoadedModel> {
+        self.engine.model()
+    }
+
+    pub(crate) fn eos(&self) -> Vec<TokenId> {
+        self.model().tokenizer.eos_ids().to_vec()
+    }
+}
+
+#[pymethods]
+impl PyEngine {
+    #[new]
+    #[pyo3(signature = (model=None, kv_mib=1024, max_batch_seqs=64, seed=0))]
+    fn new(
+        py: Python<'_>,
+        model: Option<PathBuf>,
+        kv_mib: usize,
+        max_batch_seqs: usize,
+        seed: u64,
+    ) -> PyResult<Self> {
+        if kv_mib == 0 {
+            return Err(value_error("kv_mib must be at least 1"));
+        }
+        if max_batch_seqs == 0 {
+            return Err(value_error("max_batch_seqs must be at least 1"));
+        }
+        let (model_path, loaded) = py
+            .detach(|| {
+                let path =
+                    treegrpo::model::fetch::model_path_or_default(model.as_deref(), &mut |m| {
+                        eprintln!("{m}")
+                    })?;
+                let loaded = LoadedModel::load(&path)?;
+                Ok((path, loaded))
+            })
+            .map_err(model_error)?;
+        let config = EngineConfig {
+            kv_budget_bytes: kv_mib << 20,
+            max_batch_seqs,
+            ..EngineConfig::default()
+        };
+        let engine = Engine::start(Arc::new(loaded), config).map_err(engine_error)?;
+        Ok(PyEngine {
+            engine,
+            model_path,
+            seed,
+        })
+    }
+
+    /// The model file or folder the engine loaded.
+    #[getter]
+    fn model_path(&self) -> PathBuf {
+        self.model_path.clone()
+    }
+
+    /// The engine's tokenizer and chat template.
+    #[getter]
+    fn tokenizer(&self) -> Tokenizer {
+        Tokenizer::new(self.model().clone())
+    }
+
+    /// Generates a completion of each prompt (texts or token-id lists), all batched
+    /// together; returns one `Generation` per prompt, in order.
+    #[pyo3(signature = (prompts, max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        prompts: &Bound<'_, PyAny>,
+        max_tokens: usize,
+        temperature: f64,
+        top_p: Option<f64>,
+        top_k: Option<usize>,
+        stop: Option<&Bound<'_, PyAny>>,
+        seed: Option<u64>,
+    ) -> PyResult<Vec<PyGeneration>> {
+        let prompts = convert::prompts(self.model(), prompts)?;
+        if prompts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let args = SamplingArgs {
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            stop: stop.map(stop_strings).transpose()?.unwrap_or_default(),
+            seed,
+        };
+        let eos = self.eos();
+        let jobs: Vec<(Vec<TokenId>, GenParams)> = prompts
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| Ok((p, args.params(self.seed, i as u64, &eos)?)))
+            .collect::<PyResult<_>>()?;
+        let engine = self.engine.clone();
+        let generations = wait(py, async move { generate_all(&engine, jobs).await })?;
+        generations
+            .into_iter()
+            .map(|g| PyGeneration::new(self.model(), g))
+            .collect()
+    }
+
+    /// verl's async rollout-server call: `await engine.agenerate(prompt_ids,
+    /// sampling_params, request_id)` → `{"token_ids", "log_probs", "stop_reason"}`.
+    /// Calls made at once from many asyncio tasks share the engine's batches.
+    #[pyo3(signature = (prompt_ids, sampling_params=None, request_id=None))]
+    fn agenerate<'py>(
+        &self,
+        py: Python<'py>,
+        prompt_ids: &Bound<'py, PyAny>,
+        sampling_params: Option<&Bound<'py, PyDict>>,
+        request_id: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ids = convert::token_ids(prompt_ids)?;
+        let args = SamplingArgs::from_dict(sampling_params, 256)?;
+        // The request id seeds the request's RNG stream, so a retried request
+        // samples what it sampled before.
+        let index = request_id.as_deref().map_or(0, stable_hash);
+        let params = args.params(self.seed, index, &self.eos())?;
+        let engine = self.engine.clone();
+        spawn_awaitable(
+            py,
+            async move {
+                let mut done = generate_all(&engine, vec![(ids, params)]).await?;
+                Ok(done.remove(0))
+            },
+            |py, g: Generation| {
+                let out = PyDict::new(py);
+                out.set_item("token_ids", PyList::new(py, &g.tokens)?)?;
+                out.set_item("log_probs", PyList::new(py, &g.logprobs)?)?;
+                out.set_item("stop_reason", finish_reason(g.stop))?;
+                out.set_item("weight_version", g.weight_version)?;
+                Ok(out.into_any())
+            },
+        )
+    }
+
+    /// A fork session over `prompt_ids`: generate, append, fork into sessions that
+    /// share its cached prefix.
+    fn session(&self, py: Python<'_>, prompt_ids: &Bound<'_, PyAny>) -> PyResult<Session> {
+        let ids = convert::prompt_ids(self.model(), prompt_ids)?;
+        let engine = self.engine.clone();
+        let owned = wait(py, async move {
+            OwnedSeq::add(&engine, ids).await.map_err(engine_error)
+        })?;
+        Ok(Session::new(self.engine.clone(), self.seed, owned))
+    }
+
+    /// Serves the weights of a checkpoint (an HF folder or a GGUF file) from now on;
+    /// returns the new weight version. Generations in flight finish on the old
+    /// weights first; nothing cached under the old weights is reused.
+    fn load_weights(&self, py: Python<'_>, path: PathBuf) -> PyResult<u64> {
+        let engine = self.engine.clone();
+        wait(py, async move {
+            engine.load_weights_from(&path).await.map_err(engine_error)
+        })
+    }
+
+    /// The version of the weights served now (0: those the engine started with).
+    #[getter]
+    fn weight_version(&self, py: Python<'_>) -> PyResult<u64> {
+        let engine = self.engine.clone();
+        wait(py, async move {
+            Ok(engine.stats().await.map_err(engine_error)?.weight_version)
+        })
+    }
+
+    /// Forgets every cached prefix (live sequences keep theirs).
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<()> {
+        let engine = self.engine.clone();
+        wait(py, async move {
+            engine.clear_prefix_cache().await.map_err(engine_error)
+        })
+    }
+
+    /// The engine's counters (tokens prefilled, decoded, reused), KV pool, live
+    /// sequences, weight version and step latencies, as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let engine = self.engine.clone();
+        let stats = wait(
+            py,
+            async move { engine.stats().await.map_err(engine_error) },
+        )?;
+        let out = convert::to_python(py, &stats)?;
+        out.set_item("computed", stats.counters.computed())?;
+        out.set_item("reused", stats.counters.reused())?;
+        Ok(out)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Engine(model={:?})", self.model_path.display().to_string())
+    }
+}
+
+/// Generates every job concurrently (one engine batch), results in job order. Each
+/// job's sequence is freed at its end, or released if the work is dropped.
+pub(crate) async fn generate_all(
+    engine: &Engine,
+    jobs: Vec<(Vec<TokenId>, GenParams)>,
+) -> PyResult<Vec<Generation>> {
+    let mut set = JoinSet::new();
+    let n = jobs.len();
+    for (i, (prompt, params)) in jobs.into_iter().enumerate() {
+        let engine = engine.clone();
+        set.spawn(async move {
+            let seq = OwnedSeq::add(&engine, prompt).await?;
+            let generation = engine.generate(seq.id(), params).await;
+            seq.free().await?;
+            Ok::<_, treegrpo::engine::EngineError>((i, generation?))
+        });
+    }
+    let mut out: Vec<Option<Generation>> = (0..n).map(|_| None).collect();
+    while let Some(joined) = set.join_next().await {
+        let (i, g) = joined
+            .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))?
+            .map_err(engine_error)?;
+        out[i] = Some(g);
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// FNV-1a of a request id: a seed word that is the same in every process.
+fn stable_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// One finished generation.
+#[pyclass(module = "treegrpo._treegrpo", name = "Generation", frozen, get_all)]
+pub struct PyGeneration {
+    /// The generated token ids (a stop token that ended it is not included).
+    token_ids: Vec<TokenId>,
+    /// Natural-log probability of each token under the sampling distribution.
+    logprobs: Vec<f32>,
+    /// `"stop"` (a stop token or string) or `"length"` (max_tokens or the context).
+    finish_reason: &'static str,
+    /// The engine's reason: stop_token, stop_string, max_tokens or context_full.
+    stop_reason: &'static str,
+    /// The weights every token was sampled under.
+    weight_version: u64,
+    /// The token ids decoded.
+    text: String,
+}
+
+impl PyGeneration {
+    pub(crate) fn new(model: &LoadedModel, g: Generation) -> PyResult<Self> {
+        Ok(PyGeneration {
+            text: model.tokenizer.decode(&g.tokens).map_err(model_error)?,
+            token_ids: g.tokens,
+            logprobs: g.logprobs,
+            finish_reason: finish_reason(g.stop),
+            stop_reason: stop_reason_name(g.stop),
+            weight_version: g.weight_version,
+        })
+    }
+}
+
+#[pymethods]
+impl PyGeneration {
+    /// The fields as a dict.
+    fn to_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("token_ids", &self.token_ids)?;
+        d.set_item("logprobs", &self.logprobs)?;
+        d.set_item("finish_reason", self.finish_reason)?;
+        d.set_item("stop_reason", self.stop_reason)?;
+        d.set_item("weight_version", self.weight_version)?;
+        d.set_item("text", &self.text)?;
+        Ok(d)
+    }
+
+    fn __len__(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Generation({} tokens, finish_reason={:?}, weight_version={}, text={:?})",
+            self.token_ids.len(),
+            self.finish_reason,
+            self.weight_version,
+            self.text
+        )
+    }
+}

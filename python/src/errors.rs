@@ -1,0 +1,103 @@
+//! The library's errors as Python exceptions, each carrying the library's message:
+//! `ValueError` for what the caller gave (bad ids, an empty prompt, a bad option or
+//! file), `FileNotFoundError` / `OSError` for files, `RuntimeError` for failures of
+//! the engine itself. No error crosses into Python as a panic.
+
+use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::PyErr;
+use treegrpo::engine::EngineError;
+use treegrpo::env::EnvError;
+use treegrpo::model::ModelError;
+use treegrpo::rollout::RolloutError;
+use treegrpo::train::TrainError;
+
+/// A caller's bad input.
+pub fn value_error(message: impl Into<String>) -> PyErr {
+    PyValueError::new_err(message.into())
+}
+
+fn io_error(e: &std::io::Error, message: String) -> PyErr {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        PyFileNotFoundError::new_err(message)
+    } else {
+        PyOSError::new_err(message)
+    }
+}
+
+pub fn model_error(e: ModelError) -> PyErr {
+    let message = e.to_string();
+    match &e {
+        ModelError::Io { source, .. } => io_error(source, message),
+        ModelError::CorruptGguf { .. }
+        | ModelError::UnsupportedArchitecture { .. }
+        | ModelError::Config { .. }
+        | ModelError::MissingTensor { .. }
+        | ModelError::ShapeMismatch { .. }
+        | ModelError::MissingTokenizer { .. }
+        | ModelError::Tokenizer(_)
+        | ModelError::Template(_)
+        | ModelError::ContextOverflow { .. } => PyValueError::new_err(message),
+        _ => PyRuntimeError::new_err(message),
+    }
+}
+
+pub fn engine_error(e: EngineError) -> PyErr {
+    match e {
+        EngineError::Model(m) => model_error(m),
+        e @ (EngineError::EmptyPrompt
+        | EngineError::BadToken { .. }
+        | EngineError::UnknownSequence(_)
+        | EngineError::Busy(_)
+        | EngineError::EmptySequence(_)
+        | EngineError::NeverFits { .. }
+        | EngineError::WeightShape { .. }
+        | EngineError::StaleWeightVersion { .. }) => PyValueError::new_err(e.to_string()),
+        e => PyRuntimeError::new_err(error_chain(&e)),
+    }
+}
+
+pub fn env_error(e: EnvError) -> PyErr {
+    let message = e.to_string();
+    match &e {
+        EnvError::Io { source, .. } => io_error(source, message),
+        EnvError::BadRecord { .. } | EnvError::Config(_) => PyValueError::new_err(message),
+        _ => PyRuntimeError::new_err(message),
+    }
+}
+
+pub fn rollout_error(e: RolloutError) -> PyErr {
+    match e {
+        RolloutError::Engine(e) => engine_error(e),
+        RolloutError::Env(e) => env_error(e),
+        RolloutError::Model(e) => model_error(e),
+        RolloutError::Io(path, e) => io_error(&e, format!("{}: {e}", path.display())),
+        e @ (RolloutError::Advantage(_) | RolloutError::ForestLine { .. }) => {
+            PyValueError::new_err(e.to_string())
+        }
+        e => PyRuntimeError::new_err(error_chain(&e)),
+    }
+}
+
+pub fn train_error(e: TrainError) -> PyErr {
+    match e {
+        TrainError::Model(e) => model_error(e),
+        TrainError::Io(path, e) => io_error(&e, format!("{}: {e}", path.display())),
+        e @ (TrainError::BadInput { .. } | TrainError::BadBatch(_)) => {
+            PyValueError::new_err(e.to_string())
+        }
+        e => PyRuntimeError::new_err(error_chain(&e)),
+    }
+}
+
+/// The error's message followed by its causes (an engine failure's message alone,
+/// "forward failed", would hide what failed).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        message.push_str(": ");
+        message.push_str(&c.to_string());
+        cause = c.source();
+    }
+    message
+}

@@ -1,0 +1,158 @@
+//! Python sampling arguments → the engine's `GenParams`, checked: a bad value is a
+//! `ValueError` naming the argument, never a silently different generation.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString};
+use treegrpo::engine::{GenParams, Sampling, StopReason};
+use treegrpo::model::TokenId;
+
+use crate::errors::value_error;
+
+/// Sampling arguments as Python passes them.
+#[derive(Debug, Clone)]
+pub struct SamplingArgs {
+    pub max_tokens: usize,
+    pub temperature: f64,
+    pub top_p: Option<f64>,
+    pub top_k: Option<usize>,
+    pub stop: Vec<String>,
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    /// The engine's parameters: `temperature` 0 is greedy; generation also ends at
+    /// the model's end-of-sequence tokens; the RNG seed words are `[seed, index]`
+    /// (`seed` defaulting to the engine's), so each prompt of a call samples on its
+    /// own stream, independent of the rest of the batch.
+    pub fn params(&self, default_seed: u64, index: u64, eos: &[TokenId]) -> PyResult<GenParams> {
+        if self.max_tokens == 0 {
+            return Err(value_error("max_tokens must be at least 1"));
+        }
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(value_error(format!(
+                "temperature must be a non-negative number, not {}",
+                self.temperature
+            )));
+        }
+        if let Some(p) = self.top_p {
+            if !(p > 0.0 && p <= 1.0) {
+                return Err(value_error(format!("top_p must be in (0, 1], not {p}")));
+            }
+        }
+        if self.top_k == Some(0) {
+            return Err(value_error("top_k must be at least 1"));
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(value_error("stop strings must not be empty"));
+        }
+        let sampling = if self.temperature == 0.0 {
+            Sampling::Greedy
+        } else {
+            Sampling::Random {
+                temperature: self.temperature as f32,
+                top_k: self.top_k,
+                top_p: self.top_p.map(|p| p as f32),
+            }
+        };
+        Ok(GenParams {
+            sampling,
+            max_new_tokens: self.max_tokens,
+            stop_tokens: eos.to_vec(),
+            stop_strings: self.stop.clone(),
+            seed: vec![self.seed.unwrap_or(default_seed), index],
+        })
+    }
+
+    /// Reads verl's `sampling_params` dict. Keys this engine cannot honour are a
+    /// `ValueError`, not ignored.
+    pub fn from_dict(
+        dict: Option<&Bound<'_, PyDict>>,
+        default_max_tokens: usize,
+    ) -> PyResult<Self> {
+        let mut args = SamplingArgs {
+            max_tokens: default_max_tokens,
+            temperature: 1.0,
+            top_p: None,
+            top_k: None,
+            stop: Vec::new(),
+            seed: None,
+        };
+        let Some(dict) = dict else { return Ok(args) };
+        for (key, value) in dict.iter() {
+            let key: String = key.extract()?;
+            let bad = |e: PyErr| value_error(format!("sampling_params[{key:?}]: {e}"));
+            match key.as_str() {
+                "max_tokens" | "max_new_tokens" => {
+                    args.max_tokens = value.extract().map_err(bad)?
+                }
+                "temperature" => args.temperature = value.extract().map_err(bad)?,
+                // verl and vLLM spell "no truncation" as top_p 1 and top_k -1 (or 0).
+                "top_p" => {
+                    let p: f64 = value.extract().map_err(bad)?;
+                    args.top_p = (p < 1.0).then_some(p);
+                }
+                "top_k" => {
+                    let k: i64 = value.extract().map_err(bad)?;
+                    args.top_k = (k > 0).then_some(k as usize);
+                }
+                "stop" => args.stop = stop_strings(&value).map_err(bad)?,
+                "seed" => args.seed = value.extract().map_err(bad)?,
+                // Logprobs of the sampled tokens are always returned.
+                "logprobs" => {}
+                "repetition_penalty" | "presence_penalty" | "frequency_penalty" => {
+                    let v: f64 = value.extract().map_err(bad)?;
+                    let neutral = if key == "repetition_penalty" {
+                        1.0
+                    } else {
+                        0.0
+                    };
+                    if v != neutral {
+                        return Err(value_error(format!(
+                            "sampling_params[{key:?}] = {v}: penalties are not supported \
+                             (only the neutral {neutral})"
+                        )));
+                    }
+                }
+                _ => {
+                    return Err(value_error(format!(
+                        "sampling_params: unsupported key {key:?} (supported: max_tokens, \
+                         temperature, top_p, top_k, stop, seed, logprobs and neutral penalties)"
+                    )))
+                }
+            }
+        }
+        Ok(args)
+    }
+}
+
+/// `stop` as a string or a list of strings.
+pub fn stop_strings(value: &Bound<'_, PyAny>) -> PyResult<Vec<String>> {
+    if value.is_none() {
+        return Ok(Vec::new());
+    }
+    if let Ok(s) = value.cast::<PyString>() {
+        return Ok(vec![s.to_cow()?.into_owned()]);
+    }
+    if let Ok(list) = value.cast::<PyList>() {
+        return list.iter().map(|s| s.extract::<String>()).collect();
+    }
+    Err(value_error("stop must be a string or a list of strings"))
+}
+
+/// The finish reason in vLLM's and OpenAI's words: `stop` or `length`.
+pub fn finish_reason(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::StopToken | StopReason::StopString => "stop",
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+    }
+}
+
+/// The engine's own name of a stop reason.
+pub fn stop_reason_name(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::StopToken => "stop_token",
+        StopReason::StopString => "stop_string",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::ContextFull => "context_full",
+    }
+}

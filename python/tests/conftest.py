@@ -1,0 +1,33 @@
+"""Shared fixtures: one engine on the default model for the whole suite (loading it
+takes seconds), and the `treegrpo` binary the suite compares against.
+
+Run by `cargo test` (tests/python_package_tests.rs) in a venv where the package is
+installed, or by hand: `pytest python/tests` with `TREEGRPO_BIN` naming the binary.
+"""
+
+import os
+import shutil
+
+import pytest
+
+import treegrpo
+
+
+@pytest.fixture(scope="session")
+def engine():
+    return treegrpo.Engine(kv_mib=512, seed=0)
+
+
+@pytest.fixture(scope="session")
+def treegrpo_bin():
+    path = os.environ.get("TREEGRPO_BIN") or shutil.which("treegrpo")
+    if not path:
+        pytest.skip("no treegrpo binary (set TREEGRPO_BIN)")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_sequence_left(engine):
+    """Every test leaves the engine as it found it: no live sequence."""
+    yield
+    assert engine.stats()["sequences"] == 0, "a test left sequences in the engine"

@@ -1,0 +1,60 @@
+//! The Python package's pytest suite (`python/tests`), run against the package as
+//! installed: `TREEGRPO_PYTHON_PACKAGE` names a python whose `treegrpo` is the wheel
+//! built from `python/` (`.ci/run` builds it, installs it in a fresh venv with
+//! pytest and sets `TREEGRPO_REQUIRE_PYTHON_PACKAGE=1`, so in CI a missing package
+//! fails instead of skipping). The suite compares the package against this build's
+//! `treegrpo` binary (`TREEGRPO_BIN`).
+
+mod common;
+
+use std::process::Command;
+
+/// The python to run the suite with, if one has the package and pytest.
+fn python_with_package() -> Option<String> {
+    let python = std::env::var("TREEGRPO_PYTHON_PACKAGE").unwrap_or_else(|_| "python3".into());
+    let found = Command::new(&python)
+        .args(["-c", "import treegrpo, pytest"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if found {
+        return Some(python);
+    }
+    assert!(
+        std::env::var("TREEGRPO_REQUIRE_PYTHON_PACKAGE").is_err(),
+        "{python} cannot import treegrpo and pytest (TREEGRPO_REQUIRE_PYTHON_PACKAGE is set)"
+    );
+    eprintln!(
+        "skipped: {python} cannot import treegrpo and pytest \
+         (pip install ./python pytest, then set TREEGRPO_PYTHON_PACKAGE)"
+    );
+    None
+}
+
+#[test]
+fn the_python_package_passes_its_pytest_suite() {
+    let Some(python) = python_with_package() else {
+        return;
+    };
+    // Fetched here so the suite's engines find the model in the cache.
+    common::default_model();
+    let out = Command::new(&python)
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "python/tests",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("TREEGRPO_BIN", env!("CARGO_BIN_EXE_treegrpo"))
+        .output()
+        .expect("cannot run pytest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "the Python package's tests failed:\n{stdout}\n{stderr}"
+    );
+}
