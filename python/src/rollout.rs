@@ -227,7 +227,10 @@ pub fn rollout<'py>(
     let mut stop = Some(stop);
     let mut interrupted = None;
     let result = loop {
-        let polled = py.detach(|| runtime().block_on(tokio::time::timeout(SIGNAL_POLL, &mut task)));
+        let polled = py.detach(|| {
+            // The timer is made inside the runtime: tokio's timers need its context.
+            runtime().block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut task).await })
+        });
         match polled {
             Ok(joined) => break joined,
             Err(_still_running) => {

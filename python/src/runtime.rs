@@ -37,7 +37,10 @@ where
 {
     let mut task = runtime().spawn(work);
     loop {
-        let polled = py.detach(|| runtime().block_on(tokio::time::timeout(SIGNAL_POLL, &mut task)));
+        let polled = py.detach(|| {
+            // The timer is made inside the runtime: tokio's timers need its context.
+            runtime().block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut task).await })
+        });
         match polled {
             Ok(Ok(result)) => return result,
             Ok(Err(join)) => {

@@ -123,7 +123,7 @@ impl Session {
         let engine = self.engine.clone();
         wait(
             py,
-            async move { engine.tokens(seq).await.map_err(engine_error) },
+            async move { engine.sequence_tokens(seq).await.map_err(engine_error) },
         )
     }
 

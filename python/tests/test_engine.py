@@ -116,7 +116,10 @@ def test_sixteen_asyncio_tasks_share_engine_steps(engine):
     # Batched: far fewer engine steps than tokens generated (one step per token alone).
     assert steps < generated / 4, (steps, generated)
     # A request id names its sampling stream: the same id samples the same tokens.
-    again = asyncio.run(engine.agenerate(ids, {"temperature": 1.0, "max_tokens": 16}, "req-3"))
+    async def one():
+        return await engine.agenerate(ids, {"temperature": 1.0, "max_tokens": 16}, "req-3")
+
+    again = asyncio.run(one())
     assert again["token_ids"] == outs[3]["token_ids"]
 
 

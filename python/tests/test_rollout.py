@@ -212,3 +212,18 @@ def test_a_built_in_task(engine):
 def test_bad_rollout_arguments(engine, kwargs, error):
     with pytest.raises(error):
         treegrpo.rollout(engine, **kwargs)
+
+
+def test_ctrl_c_stops_a_rollout_and_frees_its_sequences(engine):
+    import _thread
+
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        # Long enough that the interrupt lands mid-run.
+        treegrpo.rollout(engine, "calc", 8, trees=2, expand=2, rounds=1, max_step_tokens=256)
+    timer.cancel()
+    # Every branch, snapshot and root the abandoned forests held was freed.
+    assert engine.stats()["sequences"] == 0
+    result = treegrpo.rollout(engine, CalcTask, SAMPLES[:1], chains=2, max_turns=1, max_step_tokens=8)
+    assert len(result.trajectories) == 2

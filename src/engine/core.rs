@@ -522,6 +522,19 @@ impl EngineCore {
         Ok(tokens)
     }
 
+    /// Every token of `seq`, computed or not: the cached ones, then those still pending
+    /// (a generation's last sampled token, appended tokens not yet computed) — what
+    /// the sequence's next token continues.
+    pub fn sequence_tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, EngineError> {
+        let s = self
+            .seqs
+            .get(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
+        let mut tokens = self.kv.tokens(seq)?;
+        tokens.extend_from_slice(&s.pending);
+        Ok(tokens)
+    }
+
     /// Drops all cached prefixes (after a weight update their KV is stale).
     pub fn clear_prefix_cache(&mut self) {
         self.kv.clear_prefix_cache();

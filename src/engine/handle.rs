@@ -56,6 +56,7 @@ enum Command {
     Pin(SeqId, Reply<PinId>),
     Unpin(PinId, Reply<()>),
     Tokens(SeqId, Reply<Vec<TokenId>>),
+    SequenceTokens(SeqId, Reply<Vec<TokenId>>),
     Stats(Reply<EngineStats>),
     ClearPrefixCache(Reply<()>),
     WaitForKvRoom(usize, Reply<()>),
@@ -185,6 +186,11 @@ impl Engine {
     /// The tokens of `seq` that are in the KV cache.
     pub async fn tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, EngineError> {
         self.call(|r| Command::Tokens(seq, r)).await
+    }
+
+    /// Every token of `seq`, computed or pending (see [`EngineCore::sequence_tokens`]).
+    pub async fn sequence_tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, EngineError> {
+        self.call(|r| Command::SequenceTokens(seq, r)).await
     }
 
     /// Serves `weights` from now on; resolves with the new weight version once they
@@ -380,6 +386,7 @@ fn apply(core: &mut EngineCore, cmd: Command, waiters: &mut Waiters) {
         Command::Pin(seq, r) => drop(r.send(core.pin(seq))),
         Command::Unpin(pin, r) => drop(r.send(core.unpin(pin))),
         Command::Tokens(seq, r) => drop(r.send(core.tokens(seq))),
+        Command::SequenceTokens(seq, r) => drop(r.send(core.sequence_tokens(seq))),
         Command::Stats(r) => drop(r.send(Ok(core.stats()))),
         Command::ClearPrefixCache(r) => {
             core.clear_prefix_cache();
