@@ -121,10 +121,9 @@ impl Session {
     fn tokens(&self, py: Python<'_>) -> PyResult<Vec<TokenId>> {
         let seq = self.id()?;
         let engine = self.engine.clone();
-        wait(
-            py,
-            async move { engine.sequence_tokens(seq).await.map_err(engine_error) },
-        )
+        wait(py, async move {
+            engine.sequence_tokens(seq).await.map_err(engine_error)
+        })
     }
 
     /// Whether `close()` was called (or the `with` block ended).
