@@ -5,7 +5,8 @@
 //! - `engine`: `Engine` (generate, agenerate, sessions, weights, stats) and
 //!   `Generation`; `session`: `Session`; `tokenizer`: `Tokenizer`.
 //! - `rollout`: tree rollouts over a built-in task or a Python environment (`env`).
-//! - `update`: one policy-gradient update into a checkpoint.
+//! - `update`: one policy-gradient update into a checkpoint; `trainer`: `Trainer`,
+//!   the training loop (rollouts → update → weight swap, step after step).
 //! - `runtime`: the tokio runtime and the GIL-free, Ctrl-C-aware wait;
 //!   `awaitable`: engine work as an asyncio future.
 //! - `errors`: the library's errors as Python exceptions; `convert`, `sampling`:
@@ -21,6 +22,7 @@ mod runtime;
 mod sampling;
 mod session;
 mod tokenizer;
+mod trainer;
 mod update;
 
 use pyo3::prelude::*;
@@ -31,6 +33,7 @@ fn _treegrpo(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::PyGeneration>()?;
     m.add_class::<session::Session>()?;
     m.add_class::<tokenizer::Tokenizer>()?;
+    m.add_class::<trainer::Trainer>()?;
     m.add_function(wrap_pyfunction!(rollout::rollout, m)?)?;
     m.add_function(wrap_pyfunction!(update::update, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -7,12 +7,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::engine::Sampling;
-use treegrpo::env::{EnvConfig, Environment, QaSample, Task, TaskData};
+use treegrpo::env::{EnvConfig, Environment, QaSample, Split, Task, TaskData};
 use treegrpo::rollout::{
     run_rollout, Interrupt, Progress, RolloutRequest, RunHooks, RunOptions, Selection, TreeConfig,
     TreeShape,
@@ -22,12 +21,9 @@ use crate::convert;
 use crate::engine::PyEngine;
 use crate::env::{sample_for, PyEnvironment};
 use crate::errors::{env_error, rollout_error, value_error};
-use crate::runtime::runtime;
+use crate::runtime::{runtime, wait_stopping};
 
-/// How often a waiting rollout looks for a pending Ctrl-C.
-const SIGNAL_POLL: Duration = Duration::from_millis(50);
-
-fn parse<T: FromStr>(what: &str, s: &str) -> PyResult<T>
+pub(crate) fn parse<T: FromStr>(what: &str, s: &str) -> PyResult<T>
 where
     T::Err: std::fmt::Display,
 {
@@ -36,7 +32,7 @@ where
 
 /// The search's shape and sampling, checked.
 #[allow(clippy::too_many_arguments)]
-fn tree_config(
+pub(crate) fn tree_config(
     trees: usize,
     expand: usize,
     rounds: usize,
@@ -77,15 +73,23 @@ fn tree_config(
     Ok(config)
 }
 
-/// The environment and its samples: a built-in task by name (samples: an int N for
-/// its first N training samples, or sample dicts), or a Python class or factory.
-fn environment(
+/// A set of samples a call names: `Given` as Python passed it (a list of sample
+/// dicts, or an int N for the first N of `split` of a built-in task), or `Default`,
+/// the first N of `split` (a built-in task's data; nothing for a Python environment).
+pub(crate) enum SampleSet<'a, 'py> {
+    Given(&'a Bound<'py, PyAny>, Split),
+    Default(Split, usize),
+}
+
+/// The environment and its sample sets: a built-in task by name, or a Python class or
+/// factory (whose samples must be lists; every set's samples are its episodes').
+pub(crate) fn environment(
     env: &Bound<'_, PyAny>,
-    samples: &Bound<'_, PyAny>,
+    sets: &[SampleSet<'_, '_>],
     max_turns: usize,
     env_timeout: f64,
     event_loop: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(Arc<dyn Environment>, Vec<QaSample>)> {
+) -> PyResult<(Arc<dyn Environment>, Vec<Vec<QaSample>>)> {
     if let Ok(name) = env.cast::<PyString>() {
         let task = parse::<Task>("env", &name.to_cow()?)?;
         let data = TaskData::Embedded;
@@ -94,31 +98,18 @@ fn environment(
             ..EnvConfig::default()
         };
         let environment = task.environment(&data, cfg).map_err(env_error)?;
-        let samples = if let Ok(n) = samples.extract::<usize>() {
-            task.samples(&data, n).map_err(env_error)?
-        } else {
-            let list = samples
-                .cast::<PyList>()
-                .map_err(|_| value_error("samples must be an int or a list of sample dicts"))?;
-            list.iter()
-                .enumerate()
-                .map(|(i, s)| {
-                    serde_json::from_value(convert::from_python(&s)?).map_err(|e| {
-                        value_error(format!(
-                            "sample {i}: not a task sample ({{\"id\", \"question\", \
-                             \"golden_answers\"}}): {e}"
-                        ))
-                    })
-                })
-                .collect::<PyResult<_>>()?
-        };
-        return Ok((environment, samples));
+        let mut out = Vec::with_capacity(sets.len());
+        for set in sets {
+            out.push(match *set {
+                SampleSet::Default(split, n) => task.split(&data, split, n).map_err(env_error)?,
+                SampleSet::Given(samples, split) => match samples.extract::<usize>() {
+                    Ok(n) => task.split(&data, split, n).map_err(env_error)?,
+                    Err(_) => task_samples(samples)?,
+                },
+            });
+        }
+        return Ok((environment, out));
     }
-    let list = samples.cast::<PyList>().map_err(|_| {
-        value_error(
-            "a Python environment's samples must be a list (there is no data set to count from)",
-        )
-    })?;
     let Some(event_loop) = event_loop else {
         return Err(value_error(
             "a Python environment needs the rollout's event loop",
@@ -129,12 +120,24 @@ fn environment(
             "env_timeout must be a positive number of seconds",
         ));
     }
-    let qa: Vec<QaSample> = list
-        .iter()
-        .enumerate()
-        .map(|(i, s)| sample_for(i, &s))
-        .collect();
-    let objects = list.iter().map(|s| s.unbind()).collect();
+    let mut objects = Vec::new();
+    let mut out = Vec::with_capacity(sets.len());
+    for set in sets {
+        let mut qa = Vec::new();
+        if let SampleSet::Given(samples, _) = *set {
+            let list = samples.cast::<PyList>().map_err(|_| {
+                value_error(
+                    "a Python environment's samples must be a list (there is no data set \
+                     to count from)",
+                )
+            })?;
+            for s in list.iter() {
+                qa.push(sample_for(objects.len(), &s));
+                objects.push(s.unbind());
+            }
+        }
+        out.push(qa);
+    }
     let environment = PyEnvironment::new(
         env,
         objects,
@@ -142,7 +145,24 @@ fn environment(
         Duration::from_secs_f64(env_timeout),
         event_loop.clone().unbind(),
     )?;
-    Ok((Arc::new(environment), qa))
+    Ok((Arc::new(environment), out))
+}
+
+/// A built-in task's samples given as dicts (`{"id", "question", "golden_answers"}`).
+fn task_samples(samples: &Bound<'_, PyAny>) -> PyResult<Vec<QaSample>> {
+    let list = samples
+        .cast::<PyList>()
+        .map_err(|_| value_error("samples must be an int or a list of sample dicts"))?;
+    list.iter()
+        .enumerate()
+        .map(|(i, s)| {
+            serde_json::from_value(convert::from_python(&s)?).map_err(|e| {
+                value_error(format!(
+                    "sample {i}: not a task sample ({{\"id\", \"question\", \"golden_answers\"}}): {e}"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Runs the rollout; the low-level half of `treegrpo.rollout` (the Python wrapper
@@ -192,7 +212,14 @@ pub fn rollout<'py>(
         Some(a) => parse::<AdvantageMode>("advantage", a)?,
         None => config.default_advantage(),
     };
-    let (environment, samples) = environment(env, samples, max_turns, env_timeout, event_loop)?;
+    let (environment, mut sets) = environment(
+        env,
+        &[SampleSet::Given(samples, Split::Train)],
+        max_turns,
+        env_timeout,
+        event_loop,
+    )?;
+    let samples = sets.remove(0);
     if samples.is_empty() {
         return Err(value_error("samples is empty"));
     }
@@ -223,35 +250,13 @@ pub fn rollout<'py>(
         }),
         interrupt: Some(interrupt),
     };
-    let mut task = runtime().spawn(run_rollout(engine.engine.clone(), request, hooks));
-    let mut stop = Some(stop);
-    let mut interrupted = None;
-    let result = loop {
-        let polled = py.detach(|| {
-            // The timer is made inside the runtime: tokio's timers need its context.
-            runtime().block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut task).await })
-        });
-        match polled {
-            Ok(joined) => break joined,
-            Err(_still_running) => {
-                if interrupted.is_none() {
-                    if let Err(signal) = py.check_signals() {
-                        // Stop the run (it keeps its finished forests), then raise.
-                        if let Some(stop) = stop.take() {
-                            let _ = stop.send(());
-                        }
-                        interrupted = Some(signal);
-                    }
-                }
-            }
-        }
-    };
-    if let Some(signal) = interrupted {
-        return Err(signal);
-    }
-    let result = result
-        .map_err(|e| PyRuntimeError::new_err(format!("rollout task failed: {e}")))?
-        .map_err(rollout_error)?;
+    let task = runtime().spawn(run_rollout(engine.engine.clone(), request, hooks));
+    // Ctrl-C: the run stops (keeping its finished forests, freeing the rest), then
+    // the interrupt is raised.
+    let result = wait_stopping(py, task, move || {
+        let _ = stop.send(());
+    })?
+    .map_err(rollout_error)?;
     convert::to_python(
         py,
         &serde_json::json!({

@@ -2,6 +2,8 @@
 //! blocking Python call waits for that work: with the GIL released, checking for
 //! Ctrl-C every few milliseconds. On Ctrl-C the work is dropped (its `OwnedSeq`s
 //! release their sequences) and `KeyboardInterrupt` is raised; the engine goes on.
+//! Work that has a stopping point of its own (a rollout, a training run) is told to
+//! stop instead, waited for, and then the interrupt is raised ([`wait_stopping`]).
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -10,6 +12,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
 
 /// How often a waiting call looks for a pending Ctrl-C.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -52,6 +55,43 @@ where
                 if let Err(signal) = py.check_signals() {
                     task.abort();
                     return Err(signal);
+                }
+            }
+        }
+    }
+}
+
+/// Waits for `task` with the GIL released. On Ctrl-C, `stop` is called once (the work
+/// winds down at its next safe point), the task is still waited for, and the
+/// interrupt is then raised; the task's own result is dropped.
+pub fn wait_stopping<T: Send + 'static>(
+    py: Python<'_>,
+    mut task: JoinHandle<T>,
+    stop: impl FnOnce(),
+) -> PyResult<T> {
+    let mut stop = Some(stop);
+    let mut interrupted = None;
+    loop {
+        let polled = py.detach(|| {
+            runtime().block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut task).await })
+        });
+        match polled {
+            Ok(joined) => {
+                if let Some(signal) = interrupted {
+                    return Err(signal);
+                }
+                return joined.map_err(|e| {
+                    PyRuntimeError::new_err(format!("treegrpo engine work failed: {e}"))
+                });
+            }
+            Err(_still_running) => {
+                if interrupted.is_none() {
+                    if let Err(signal) = py.check_signals() {
+                        if let Some(stop) = stop.take() {
+                            stop();
+                        }
+                        interrupted = Some(signal);
+                    }
                 }
             }
         }

@@ -17,7 +17,9 @@ use crate::convert;
 use crate::errors::{model_error, train_error, value_error};
 
 /// The loss and optimiser options, by the names of `treegrpo update`'s flags.
-fn configs(options: Option<&Bound<'_, PyDict>>) -> PyResult<(OptimizerConfig, UpdateConfig)> {
+pub(crate) fn configs(
+    options: Option<&Bound<'_, PyDict>>,
+) -> PyResult<(OptimizerConfig, UpdateConfig)> {
     let mut opt = OptimizerConfig::default();
     let mut upd = UpdateConfig::default();
     let mut loss = LossConfig::default();

@@ -5,6 +5,7 @@ forks shared prefixes instead of recomputing them.
 - :class:`Session` — one sequence kept in the engine: generate, append, fork.
 - :func:`rollout` — tree (or chain) rollouts over a built-in task or a Python environment.
 - :func:`update` — one policy-gradient update of a model into a new checkpoint.
+- :class:`Trainer` — the training loop: rollouts → advantages → update → weight swap.
 - :mod:`treegrpo.adapters` — trajectories in verl's and TRL's shapes.
 
 Everything heavy runs in Rust with the GIL released; Ctrl-C raises
@@ -27,6 +28,7 @@ __all__ = [
     "Session",
     "Tokenizer",
     "RolloutResult",
+    "Trainer",
     "rollout",
     "update",
     "__version__",
@@ -115,19 +117,93 @@ def rollout(
         return RolloutResult(**_treegrpo.rollout(engine, env, samples, **options))
     if not isinstance(samples, list):
         samples = list(samples) if not isinstance(samples, int) else samples
-    # `async def` methods run on a loop of the rollout's own, in a thread of its own,
-    # so they run concurrently whatever the caller's thread is doing.
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="treegrpo-env-loop", daemon=True)
-    thread.start()
-    try:
+    with _EnvLoop() as loop:
         out = _treegrpo.rollout(engine, env, samples, event_loop=loop, **options)
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        if not loop.is_running():
-            loop.close()
     return RolloutResult(**out)
+
+
+class _EnvLoop:
+    """An asyncio loop in a thread of its own, where a Python environment's
+    ``async def`` methods run: concurrently, whatever the caller's thread does."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="treegrpo-env-loop", daemon=True
+        )
+        self.thread.start()
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.loop.is_running():
+            self.loop.close()
+
+    def __enter__(self) -> asyncio.AbstractEventLoop:
+        return self.loop
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Trainer:
+    """The training loop of ``treegrpo train`` on ``engine``: each step samples
+    rollouts from the policy the engine serves, computes advantages, makes one update
+    and swaps the new weights into the engine (weight version 1, 2, ...).
+
+    ``env``: a built-in task name (``train``/``test`` default to its splits; ints
+    take the first N) or a Python environment class as for :func:`rollout`
+    (``train`` and ``test`` lists of samples). ``out_dir`` gets ``log.jsonl`` and
+    ``checkpoint/``. Options: ``steps``, ``prompts_per_step``, the tree shape of
+    :func:`rollout` (``trees``, ``expand``, ``rounds``, ``keep``, ``select``,
+    ``chains``, ``seed``, ``advantage``, ``max_turns``, ``max_step_tokens``,
+    ``temperature``), ``eval_every``/``eval_prompts`` (greedy eval on ``test``),
+    ``checkpoint_every``, ``serve_format`` ("f32" or "bf16") and the update options
+    of :func:`update` (``lr``, ``kl_coef``, ...). The trainer's weights start from
+    the engine's model file.
+    """
+
+    def __init__(self, engine: Engine, env: Any, out_dir: str, **options: Any) -> None:
+        self._loop: Optional[_EnvLoop] = None
+        if not isinstance(env, str):
+            self._loop = _EnvLoop()
+            options["event_loop"] = self._loop.loop
+        try:
+            self._inner = _treegrpo.Trainer(engine, env, str(out_dir), **options)
+        except BaseException:
+            self.close()
+            raise
+
+    def run(self, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
+        """Runs the remaining steps; returns every step's ``log.jsonl`` line. Ctrl-C
+        stops at the next point that loses nothing, then raises KeyboardInterrupt."""
+        return self._inner.run(progress)
+
+    def resume(self) -> int:
+        """Continues from the last checkpoint under ``out_dir``; returns its step."""
+        return self._inner.resume()
+
+    @property
+    def step(self) -> int:
+        """Steps completed so far."""
+        return self._inner.step
+
+    def close(self) -> None:
+        """Stops the environment's event loop (a Python environment's)."""
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def update(

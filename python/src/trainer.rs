@@ -1,0 +1,280 @@
+//! `treegrpo.Trainer`: the training loop of `treegrpo train` driven from Python —
+//! each step samples rollouts (trees or chains) from the policy the engine serves,
+//! computes advantages, makes one update and swaps the new weights into the engine;
+//! `log.jsonl` and checkpoints under `out_dir`, resumable.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use candle_core::DType;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use treegrpo::closed_loop::{LoopConfig, LoopError, LoopEvent, LoopOutcome, StopSignal, TrainRun};
+use treegrpo::env::Split;
+use treegrpo::model::kernels::WeightFormat;
+use treegrpo::train::{Optimizer, Params};
+
+use crate::convert;
+use crate::engine::PyEngine;
+use crate::errors::{engine_error, env_error, rollout_error, train_error, value_error};
+use crate::rollout::{environment, parse, tree_config, SampleSet};
+use crate::runtime::{runtime, wait_stopping};
+
+fn loop_error(e: LoopError) -> PyErr {
+    match e {
+        LoopError::Rollout(e) => rollout_error(e),
+        LoopError::Train(e) => train_error(e),
+        LoopError::Engine(e) => engine_error(e),
+        LoopError::Env(e) => env_error(e),
+        LoopError::Config(m) => value_error(m),
+        e => PyRuntimeError::new_err(e.to_string()),
+    }
+}
+
+/// A training run on an engine: its weights start from the engine's model file.
+#[pyclass(module = "treegrpo._treegrpo", name = "Trainer", frozen)]
+pub struct Trainer {
+    /// `None` while `run` or `resume` has it.
+    run: Mutex<Option<TrainRun>>,
+}
+
+impl Trainer {
+    fn take(&self) -> PyResult<TrainRun> {
+        self.run
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("trainer lock poisoned"))?
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("the trainer is already running"))
+    }
+
+    fn put(&self, run: TrainRun) {
+        if let Ok(mut slot) = self.run.lock() {
+            *slot = Some(run);
+        }
+    }
+}
+
+#[pymethods]
+impl Trainer {
+    #[new]
+    #[pyo3(signature = (
+        engine, env, out_dir, *, train=None, test=None, steps=4, prompts_per_step=8,
+        trees=2, expand=2, rounds=1, keep=None, select="paper", chains=None, seed=0,
+        advantage=None, max_turns=3, max_step_tokens=256, temperature=1.0,
+        concurrent_prompts=16, eval_every=0, eval_prompts=20, checkpoint_every=1,
+        serve_format="f32", env_timeout=30.0, event_loop=None, **update_options
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        engine: &PyEngine,
+        env: &Bound<'_, PyAny>,
+        out_dir: PathBuf,
+        train: Option<&Bound<'_, PyAny>>,
+        test: Option<&Bound<'_, PyAny>>,
+        steps: u64,
+        prompts_per_step: usize,
+        trees: usize,
+        expand: usize,
+        rounds: usize,
+        keep: Option<usize>,
+        select: &str,
+        chains: Option<usize>,
+        seed: u64,
+        advantage: Option<&str>,
+        max_turns: usize,
+        max_step_tokens: usize,
+        temperature: f64,
+        concurrent_prompts: usize,
+        eval_every: u64,
+        eval_prompts: usize,
+        checkpoint_every: u64,
+        serve_format: &str,
+        env_timeout: f64,
+        event_loop: Option<&Bound<'_, PyAny>>,
+        update_options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Self> {
+        if prompts_per_step == 0 {
+            return Err(value_error("prompts_per_step must be at least 1"));
+        }
+        let tree = tree_config(
+            trees,
+            expand,
+            rounds,
+            keep,
+            select,
+            chains,
+            seed,
+            max_step_tokens,
+            temperature,
+        )?;
+        let advantage = match advantage {
+            Some(a) => parse("advantage", a)?,
+            None => tree.default_advantage(),
+        };
+        let serve_format = match serve_format {
+            "f32" => WeightFormat::F32,
+            "bf16" => WeightFormat::Bf16,
+            other => {
+                return Err(value_error(format!(
+                    "serve_format must be \"f32\" or \"bf16\", not {other:?}"
+                )))
+            }
+        };
+        let (optimizer, mut update) = crate::update::configs(update_options)?;
+        update.temperature = tree.sampling.logprob_temperature();
+        let sets = [
+            match train {
+                Some(t) => SampleSet::Given(t, Split::Train),
+                None => SampleSet::Default(Split::Train, usize::MAX),
+            },
+            match test {
+                Some(t) => SampleSet::Given(t, Split::Test),
+                None => SampleSet::Default(Split::Test, eval_prompts),
+            },
+        ];
+        let (env, mut samples) = environment(env, &sets, max_turns, env_timeout, event_loop)?;
+        let test = samples.pop().unwrap_or_default();
+        let train = samples.pop().unwrap_or_default();
+        if eval_every > 0 && test.is_empty() {
+            return Err(value_error("eval_every needs test samples"));
+        }
+        let config = LoopConfig {
+            steps,
+            prompts_per_step,
+            tree,
+            advantage,
+            concurrent_prompts,
+            update,
+            eval_every,
+            eval_prompts,
+            checkpoint_every,
+            serve_format,
+        };
+        let engine = engine.engine.clone();
+        let model = engine.model().clone();
+        // f32 trainer weights from the model the engine loaded (seconds for 135M).
+        let params = py
+            .detach(|| Params::from_model(&model.model, DType::F32))
+            .map_err(|e| train_error(e.into()))?;
+        let run = TrainRun::new(
+            engine,
+            model,
+            env,
+            train,
+            test,
+            params,
+            Optimizer::new(optimizer),
+            config,
+            out_dir,
+        )
+        .map_err(loop_error)?;
+        Ok(Trainer {
+            run: Mutex::new(Some(run)),
+        })
+    }
+
+    /// Continues from the last checkpoint under `out_dir` (weights, optimiser, step,
+    /// token count); the log from there equals an uninterrupted run's.
+    fn resume(&self, py: Python<'_>) -> PyResult<u64> {
+        let run = self.take()?;
+        let task = runtime().spawn(run.resume());
+        match wait_stopping(py, task, || {}) {
+            Ok(Ok(run)) => {
+                let step = run.state.step;
+                self.put(run);
+                Ok(step)
+            }
+            // A failed resume consumed the run: the trainer must be made anew.
+            Ok(Err(e)) => Err(loop_error(e)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs the remaining steps; returns every step's `log.jsonl` line as a dict.
+    /// `progress(event)` is called with each step's line (and rollout / update
+    /// progress). Ctrl-C stops at the next point that loses nothing (the log and the
+    /// last checkpoint stay whole) and then raises `KeyboardInterrupt`.
+    #[pyo3(signature = (progress=None))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        progress: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let mut run = self.take()?;
+        let stop = Arc::new(StopSignal::default());
+        let callback = progress.map(|p| p.clone().unbind());
+        let on_event = Box::new(move |e: LoopEvent<'_>| {
+            if let Some(cb) = &callback {
+                report(cb, &e);
+            }
+        });
+        let signal = stop.clone();
+        let task = runtime().spawn(async move {
+            let outcome = run.run(signal, on_event).await;
+            (run, outcome)
+        });
+        let waited = wait_stopping(py, task, || stop.raise());
+        let (run, outcome) = match waited {
+            Ok(done) => done,
+            Err(e) => return Err(e),
+        };
+        let lines = convert::to_python(py, &run.logged)?;
+        self.put(run);
+        match outcome.map_err(loop_error)? {
+            LoopOutcome::Finished { .. } | LoopOutcome::Interrupted { .. } => Ok(lines),
+        }
+    }
+
+    /// Steps completed so far.
+    #[getter]
+    fn step(&self) -> PyResult<u64> {
+        let guard = self
+            .run
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("trainer lock poisoned"))?;
+        Ok(guard.as_ref().map_or(0, |r| r.state.step))
+    }
+}
+
+/// One loop event as a dict for the user's callback (its exceptions are printed).
+fn report(callback: &Py<PyAny>, e: &LoopEvent<'_>) {
+    Python::attach(|py| {
+        let call = || -> PyResult<()> {
+            let d = PyDict::new(py);
+            match e {
+                LoopEvent::Rollout { step, progress } => {
+                    d.set_item("event", "rollout")?;
+                    d.set_item("step", step)?;
+                    d.set_item("prompts_done", progress.prompts_done)?;
+                    d.set_item("prompts", progress.prompts)?;
+                }
+                LoopEvent::Update { step, progress } => {
+                    d.set_item("event", "update")?;
+                    d.set_item("step", step)?;
+                    d.set_item("micro_batches_done", progress.micro_batches_done)?;
+                    d.set_item("micro_batches", progress.micro_batches)?;
+                }
+                LoopEvent::Evaluating { step } => {
+                    d.set_item("event", "evaluating")?;
+                    d.set_item("step", step)?;
+                }
+                LoopEvent::Step(line) => {
+                    d.set_item("event", "step")?;
+                    d.set_item("line", convert::to_python(py, line)?)?;
+                }
+                LoopEvent::Checkpoint { step, dir } => {
+                    d.set_item("event", "checkpoint")?;
+                    d.set_item("step", step)?;
+                    d.set_item("dir", dir.to_path_buf())?;
+                }
+            }
+            callback.bind(py).call1((d,))?;
+            Ok(())
+        };
+        if let Err(err) = call() {
+            err.print(py);
+        }
+    });
+}

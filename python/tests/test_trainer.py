@@ -1,0 +1,74 @@
+"""The training loop from Python: steps that update and swap weights into the
+engine, the log's fields, and a resumed run that goes on from its checkpoint."""
+
+import json
+
+import treegrpo
+
+from test_rollout import SAMPLES, CalcTask
+
+LOOP = dict(
+    train=SAMPLES,
+    test=SAMPLES[:1],
+    prompts_per_step=1,
+    chains=2,
+    max_turns=1,
+    max_step_tokens=12,
+    eval_every=1,
+    lr=1e-5,
+)
+
+LOG_FIELDS = {
+    "step",
+    "weight_version",
+    "reward_mean",
+    "eval_reward",
+    "rollouts",
+    "tokens",
+    "loss",
+    "pg_loss",
+    "kl",
+    "entropy",
+    "grad_norm",
+    "clip_fraction",
+    "tis_mean",
+    "rollout_seconds",
+    "update_seconds",
+}
+
+
+def test_trainer_steps_update_and_serve_each_policy_then_resume(tmp_path):
+    engine = treegrpo.Engine(kv_mib=256)
+    with treegrpo.Trainer(engine, CalcTask, tmp_path / "run", steps=2, **LOOP) as trainer:
+        lines = trainer.run()
+        assert trainer.step == 2
+    steps = [l for l in lines if l["step"] > 0]
+    assert [l["step"] for l in steps] == [1, 2]
+    for l in steps:
+        assert LOG_FIELDS <= set(l), LOG_FIELDS - set(l)
+        assert l["rollouts"] == 2
+    assert [l["weight_version"] for l in steps] == [0, 1]  # the policy that sampled it
+    assert engine.weight_version == 2  # the policy after step 2 is served
+    logged = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in logged] == [l["step"] for l in lines]
+    assert (tmp_path / "run" / "checkpoint" / "config.json").exists()
+
+    # A new trainer on a fresh engine continues from the checkpoint of step 2.
+    fresh = treegrpo.Engine(kv_mib=256)
+    with treegrpo.Trainer(fresh, CalcTask, tmp_path / "run", steps=3, **LOOP) as resumed:
+        assert resumed.resume() == 2
+        more = resumed.run()
+    assert more[-1]["step"] == 3
+    assert fresh.weight_version >= 1
+
+
+def test_trainer_bad_options(tmp_path):
+    engine = treegrpo.Engine(kv_mib=64)
+    import pytest
+
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        treegrpo.Trainer(engine, CalcTask, tmp_path / "a", **{**LOOP, "prompts_per_step": 0})
+    with pytest.raises(ValueError, match="serve_format"):
+        treegrpo.Trainer(engine, CalcTask, tmp_path / "b", serve_format="q4", **LOOP)
+    with pytest.raises(ValueError, match="eval_every needs test samples"):
+        treegrpo.Trainer(engine, CalcTask, tmp_path / "c", **{**LOOP, "test": []})
