@@ -81,6 +81,9 @@ pub(crate) enum SampleSet<'a, 'py> {
     Default(Split, usize),
 }
 
+/// An environment and the samples of each set asked for, in order.
+type EnvAndSets = (Arc<dyn Environment>, Vec<Vec<QaSample>>);
+
 /// The environment and its sample sets: a built-in task by name, or a Python class or
 /// factory (whose samples must be lists; every set's samples are its episodes').
 pub(crate) fn environment(
@@ -89,7 +92,7 @@ pub(crate) fn environment(
     max_turns: usize,
     env_timeout: f64,
     event_loop: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(Arc<dyn Environment>, Vec<Vec<QaSample>>)> {
+) -> PyResult<EnvAndSets> {
     if let Ok(name) = env.cast::<PyString>() {
         let task = parse::<Task>("env", &name.to_cow()?)?;
         let data = TaskData::Embedded;
@@ -253,10 +256,13 @@ pub fn rollout<'py>(
     let task = runtime().spawn(run_rollout(engine.engine.clone(), request, hooks));
     // Ctrl-C: the run stops (keeping its finished forests, freeing the rest), then
     // the interrupt is raised.
-    let result = wait_stopping(py, task, move || {
+    let (result, interrupted) = wait_stopping(py, task, move || {
         let _ = stop.send(());
-    })?
-    .map_err(rollout_error)?;
+    })?;
+    if let Some(signal) = interrupted {
+        return Err(signal);
+    }
+    let result = result.map_err(rollout_error)?;
     convert::to_python(
         py,
         &serde_json::json!({

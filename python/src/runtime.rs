@@ -62,13 +62,14 @@ where
 }
 
 /// Waits for `task` with the GIL released. On Ctrl-C, `stop` is called once (the work
-/// winds down at its next safe point), the task is still waited for, and the
-/// interrupt is then raised; the task's own result is dropped.
+/// winds down at its next safe point) and the task is still waited for; its result
+/// comes back with the interrupt, for the caller to raise once it has put its state
+/// back in order.
 pub fn wait_stopping<T: Send + 'static>(
     py: Python<'_>,
     mut task: JoinHandle<T>,
     stop: impl FnOnce(),
-) -> PyResult<T> {
+) -> PyResult<(T, Option<PyErr>)> {
     let mut stop = Some(stop);
     let mut interrupted = None;
     loop {
@@ -77,12 +78,10 @@ pub fn wait_stopping<T: Send + 'static>(
         });
         match polled {
             Ok(joined) => {
-                if let Some(signal) = interrupted {
-                    return Err(signal);
-                }
-                return joined.map_err(|e| {
+                let value = joined.map_err(|e| {
                     PyRuntimeError::new_err(format!("treegrpo engine work failed: {e}"))
-                });
+                })?;
+                return Ok((value, interrupted));
             }
             Err(_still_running) => {
                 if interrupted.is_none() {

@@ -45,7 +45,11 @@ impl Trainer {
             .lock()
             .map_err(|_| PyRuntimeError::new_err("trainer lock poisoned"))?
             .take()
-            .ok_or_else(|| PyRuntimeError::new_err("the trainer is already running"))
+            .ok_or_else(|| {
+                PyRuntimeError::new_err(
+                    "the trainer is running, or a failed resume consumed it (make a new Trainer)",
+                )
+            })
     }
 
     fn put(&self, run: TrainRun) {
@@ -157,7 +161,7 @@ impl Trainer {
         // f32 trainer weights from the model the engine loaded (seconds for 135M).
         let params = py
             .detach(|| Params::from_model(&model.model, DType::F32))
-            .map_err(|e| train_error(e.into()))?;
+            .map_err(train_error)?;
         let run = TrainRun::new(
             engine,
             model,
@@ -180,15 +184,14 @@ impl Trainer {
     fn resume(&self, py: Python<'_>) -> PyResult<u64> {
         let run = self.take()?;
         let task = runtime().spawn(run.resume());
-        match wait_stopping(py, task, || {}) {
-            Ok(Ok(run)) => {
-                let step = run.state.step;
-                self.put(run);
-                Ok(step)
-            }
-            // A failed resume consumed the run: the trainer must be made anew.
-            Ok(Err(e)) => Err(loop_error(e)),
-            Err(e) => Err(e),
+        let (resumed, interrupted) = wait_stopping(py, task, || {})?;
+        // A failed resume consumed the run: the trainer must be made anew.
+        let run = resumed.map_err(loop_error)?;
+        let step = run.state.step;
+        self.put(run);
+        match interrupted {
+            Some(signal) => Err(signal),
+            None => Ok(step),
         }
     }
 
@@ -215,13 +218,13 @@ impl Trainer {
             let outcome = run.run(signal, on_event).await;
             (run, outcome)
         });
-        let waited = wait_stopping(py, task, || stop.raise());
-        let (run, outcome) = match waited {
-            Ok(done) => done,
-            Err(e) => return Err(e),
-        };
+        let ((run, outcome), interrupted) = wait_stopping(py, task, || stop.raise())?;
         let lines = convert::to_python(py, &run.logged)?;
+        // Stopped or not, the run stays the trainer's: `run` again goes on from it.
         self.put(run);
+        if let Some(signal) = interrupted {
+            return Err(signal);
+        }
         match outcome.map_err(loop_error)? {
             LoopOutcome::Finished { .. } | LoopOutcome::Interrupted { .. } => Ok(lines),
         }

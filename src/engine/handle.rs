@@ -358,10 +358,25 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
     }
 }
 
+/// Frees a new sequence whose reply found no receiver.
+fn free_orphan(core: &mut EngineCore, sent: Result<(), Result<SeqId, EngineError>>) {
+    if let Err(Ok(orphan)) = sent {
+        let _ = core.free(orphan);
+    }
+}
+
 fn apply(core: &mut EngineCore, cmd: Command, waiters: &mut Waiters) {
     match cmd {
-        Command::Add(prompt, r) => drop(r.send(core.add_sequence(&prompt))),
-        Command::Fork(seq, r) => drop(r.send(core.fork(seq))),
+        // A sequence whose creator stopped waiting (its future was dropped: an aborted
+        // task, a cancelled call) has no owner to free it: it is freed at once.
+        Command::Add(prompt, r) => {
+            let sent = r.send(core.add_sequence(&prompt));
+            free_orphan(core, sent)
+        }
+        Command::Fork(seq, r) => {
+            let sent = r.send(core.fork(seq));
+            free_orphan(core, sent)
+        }
         Command::Append(seq, tokens, r) => drop(r.send(core.append(seq, &tokens))),
         Command::Generate(seq, params, r) => match core.generate(seq, params) {
             Ok(()) => {
