@@ -14,7 +14,7 @@ use crate::awaitable::spawn_awaitable;
 use crate::convert;
 use crate::errors::{engine_error, model_error, value_error};
 use crate::runtime::wait;
-use crate::sampling::{finish_reason, stop_reason_name, stop_strings, SamplingArgs};
+use crate::sampling::{finish_reason, stop_reason_name, SamplingArgs};
 use crate::session::Session;
 use crate::tokenizer::Tokenizer;
 
@@ -110,14 +110,7 @@ impl PyEngine {
         if prompts.is_empty() {
             return Ok(Vec::new());
         }
-        let args = SamplingArgs {
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            stop: stop.map(stop_strings).transpose()?.unwrap_or_default(),
-            seed,
-        };
+        let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?;
         let eos = self.eos();
         let jobs: Vec<(Vec<TokenId>, GenParams)> = prompts
             .into_iter()

@@ -20,6 +20,25 @@ pub struct SamplingArgs {
 }
 
 impl SamplingArgs {
+    /// The keyword arguments of `generate` (the engine's and a session's).
+    pub fn from_args(
+        max_tokens: usize,
+        temperature: f64,
+        top_p: Option<f64>,
+        top_k: Option<usize>,
+        stop: Option<&Bound<'_, PyAny>>,
+        seed: Option<u64>,
+    ) -> PyResult<Self> {
+        Ok(SamplingArgs {
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            stop: stop.map(stop_strings).transpose()?.unwrap_or_default(),
+            seed,
+        })
+    }
+
     /// The engine's parameters: `temperature` 0 is greedy; generation also ends at
     /// the model's end-of-sequence tokens; the RNG seed words are `[seed, index]`
     /// (`seed` defaulting to the engine's), so each prompt of a call samples on its

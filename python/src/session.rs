@@ -15,7 +15,7 @@ use crate::convert;
 use crate::engine::PyGeneration;
 use crate::errors::{engine_error, value_error};
 use crate::runtime::wait;
-use crate::sampling::{stop_strings, SamplingArgs};
+use crate::sampling::SamplingArgs;
 
 #[pyclass(module = "treegrpo._treegrpo", name = "Session", frozen)]
 pub struct Session {
@@ -62,14 +62,7 @@ impl Session {
         seed: Option<u64>,
     ) -> PyResult<PyGeneration> {
         let seq = self.id()?;
-        let args = SamplingArgs {
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            stop: stop.map(stop_strings).transpose()?.unwrap_or_default(),
-            seed,
-        };
+        let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?;
         let model = self.engine.model().clone();
         // Each session samples on its own stream (a fork's differs from its parent's).
         let params = args.params(self.seed, seq.slot() as u64, model.tokenizer.eos_ids())?;

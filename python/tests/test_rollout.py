@@ -99,33 +99,31 @@ class SlowAsyncTask(CalcTask):
     running = 0
     most = 0
 
-    async def step(self, action):
+    def enter(self):
         cls = SlowAsyncTask
         with cls.lock:
             cls.running += 1
             cls.most = max(cls.most, cls.running)
-        await asyncio.sleep(0.2)
-        with cls.lock:
-            cls.running -= 1
+
+    def leave(self):
+        with SlowAsyncTask.lock:
+            SlowAsyncTask.running -= 1
         if self.calls >= 1:
             return None, True, 0.5
         self.calls += 1
         return "\n<result>ok</result>\n", False, 0.0
+
+    async def step(self, action):
+        self.enter()
+        await asyncio.sleep(0.2)
+        return self.leave()
 
 
 class SlowSyncTask(SlowAsyncTask):
     def step(self, action):
-        cls = SlowAsyncTask
-        with cls.lock:
-            cls.running += 1
-            cls.most = max(cls.most, cls.running)
+        self.enter()
         time.sleep(0.2)  # releases the GIL, as I/O does
-        with cls.lock:
-            cls.running -= 1
-        if self.calls >= 1:
-            return None, True, 0.5
-        self.calls += 1
-        return "\n<result>ok</result>\n", False, 0.0
+        return self.leave()
 
 
 @pytest.mark.parametrize("task", [SlowAsyncTask, SlowSyncTask])

@@ -22,59 +22,12 @@ use std::sync::Arc;
 use crate::kv::{KvCache, KvConfig, PinId, SeqId};
 use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, Model, TokenId};
 
+pub use super::config::EngineConfig;
 use super::counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
 use super::error::EngineError;
 use super::rng::SeqRng;
 use super::sampling::SampledToken;
 use super::stop::{GenParams, StopReason};
-
-/// Scheduler limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EngineConfig {
-    /// Bytes of KV cache (all layers, keys and values).
-    pub kv_budget_bytes: usize,
-    /// Positions per KV block.
-    pub block_size: usize,
-    /// Most rows (tokens) in one forward.
-    pub max_batch_tokens: usize,
-    /// Most sequences in one forward.
-    pub max_batch_seqs: usize,
-    /// Let new sequences start from cached blocks of an identical prompt prefix.
-    pub prefix_cache: bool,
-}
-
-impl EngineConfig {
-    /// The KV budget when the user names none: a quarter of the memory available now
-    /// (`MemAvailable`), between 512 MiB and 8 GiB; 1 GiB where the figure cannot be
-    /// read. The pool's pages cost memory only once written, and preemption keeps a
-    /// smaller pool correct (only slower), so the default leans large.
-    pub fn auto_kv_budget_bytes() -> usize {
-        const MIB: usize = 1 << 20;
-        let available = std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|text| {
-                let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-                let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-                Some(kib * 1024)
-            });
-        match available {
-            Some(bytes) => (bytes / 4).clamp(512 * MIB, 8192 * MIB),
-            None => 1024 * MIB,
-        }
-    }
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            kv_budget_bytes: 1 << 30,
-            block_size: 16,
-            max_batch_tokens: 512,
-            max_batch_seqs: 64,
-            prefix_cache: true,
-        }
-    }
-}
 
 /// A finished generation.
 #[derive(Debug, Clone, PartialEq)]
@@ -513,25 +466,28 @@ impl EngineCore {
     /// Tokens of `seq` the engine holds computed: those in the KV cache and those a
     /// preemption dropped, which it recomputes before anything else.
     pub fn tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, EngineError> {
-        let s = self
-            .seqs
-            .get(&seq)
-            .ok_or(EngineError::UnknownSequence(seq))?;
-        let mut tokens = self.kv.tokens(seq)?;
-        tokens.extend_from_slice(&s.pending[..s.recompute]);
-        Ok(tokens)
+        self.tokens_and_pending(seq, |s| s.recompute)
     }
 
     /// Every token of `seq`, computed or not: the cached ones, then those still pending
     /// (a generation's last sampled token, appended tokens not yet computed) — what
     /// the sequence's next token continues.
     pub fn sequence_tokens(&self, seq: SeqId) -> Result<Vec<TokenId>, EngineError> {
+        self.tokens_and_pending(seq, |s| s.pending.len())
+    }
+
+    /// The cached tokens of `seq`, then the first `pending(state)` pending ones.
+    fn tokens_and_pending(
+        &self,
+        seq: SeqId,
+        pending: impl FnOnce(&SeqState) -> usize,
+    ) -> Result<Vec<TokenId>, EngineError> {
         let s = self
             .seqs
             .get(&seq)
             .ok_or(EngineError::UnknownSequence(seq))?;
         let mut tokens = self.kv.tokens(seq)?;
-        tokens.extend_from_slice(&s.pending);
+        tokens.extend_from_slice(&s.pending[..pending(s)]);
         Ok(tokens)
     }
 

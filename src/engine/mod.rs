@@ -2,6 +2,7 @@
 //!
 //! - [`core`]: [`EngineCore`], sequences over the paged KV cache advanced together one
 //!   ragged batch per step (fork, append, generate, pin, free; counters).
+//! - [`config`]: [`EngineConfig`], the scheduler's limits and the default KV budget.
 //! - `schedule`: one step — admission under the token, sequence and KV limits, the
 //!   forward, and what its rows mean for each sequence.
 //! - `preempt`: preemption by recompute under memory pressure (victims, restore).
@@ -16,6 +17,7 @@
 //! - [`sampling`]: temperature / top-k / top-p sampling with the sampled token's logprob.
 //! - [`generate`](mod@generate): single-sequence generation over a dense KV store.
 
+pub mod config;
 pub mod core;
 pub mod counters;
 pub mod error;
