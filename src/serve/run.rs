@@ -6,19 +6,19 @@
 use futures_util::future::join_all;
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::engine::{Engine, GenParams, Generation, TokenStream};
+use crate::engine::{Engine, GenParams, Generation, OwnedSeq, TokenStream};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
 use super::error::ServeError;
 use super::state::AppState;
 
-/// Sequences a request owns. Whatever is still owned when this is dropped is freed
-/// without waiting: a handler dropped because its client disconnected frees its
-/// sequences, and the engine stops working on them.
+/// Sequences a request owns (each an [`OwnedSeq`]): whatever is still owned when this
+/// is dropped is released without waiting, so a handler dropped because its client
+/// disconnected frees its sequences, and the engine stops working on them.
 pub struct Owned {
     engine: Engine,
-    seqs: Vec<SeqId>,
+    seqs: Vec<OwnedSeq>,
 }
 
 impl Owned {
@@ -30,29 +30,20 @@ impl Owned {
     }
 
     pub fn push(&mut self, seq: SeqId) {
-        self.seqs.push(seq);
+        self.seqs.push(OwnedSeq::adopt(&self.engine, seq));
     }
 
     /// Frees every sequence, returning how many prompt tokens the first (the
     /// prompt's own) found in the prefix cache.
     pub async fn free_all(mut self) -> Result<u64, ServeError> {
-        let seqs = std::mem::take(&mut self.seqs);
         let mut cached = 0;
-        for (i, seq) in seqs.into_iter().enumerate() {
-            let usage = self.engine.free(seq).await?;
+        for (i, seq) in std::mem::take(&mut self.seqs).into_iter().enumerate() {
+            let usage = seq.free().await?;
             if i == 0 {
                 cached = usage.reused_prefix_cache;
             }
         }
         Ok(cached)
-    }
-}
-
-impl Drop for Owned {
-    fn drop(&mut self) {
-        for &seq in &self.seqs {
-            self.engine.release(seq);
-        }
     }
 }
 
