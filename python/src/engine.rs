@@ -172,12 +172,18 @@ impl PyEngine {
     }
 
     /// Serves the weights of a checkpoint (an HF folder or a GGUF file) from now on;
-    /// returns the new weight version. Generations in flight finish on the old
-    /// weights first; nothing cached under the old weights is reused.
-    fn load_weights(&self, py: Python<'_>, path: PathBuf) -> PyResult<u64> {
+    /// returns the new weight version: `version` when given (it must be above the
+    /// served one: a pool of replicas names one policy by one number), else the next.
+    /// Generations in flight finish on the old weights first; nothing cached under the
+    /// old weights is reused.
+    #[pyo3(signature = (path, version=None))]
+    fn load_weights(&self, py: Python<'_>, path: PathBuf, version: Option<u64>) -> PyResult<u64> {
         let engine = self.engine.clone();
         wait(py, async move {
-            engine.load_weights_from(&path).await.map_err(engine_error)
+            engine
+                .load_weights_from_as(&path, version)
+                .await
+                .map_err(engine_error)
         })
     }
 

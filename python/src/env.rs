@@ -351,15 +351,16 @@ fn parse_step(value: &Bound<'_, PyAny>) -> Result<(Option<String>, bool, f64), S
 }
 
 /// A Python sample as the rollout's `QaSample`: its `id` (a dict's `"id"`, else its
-/// index) and `question` when it has them; `metadata` points back at the object.
-pub fn sample_for(index: usize, sample: &Bound<'_, PyAny>) -> QaSample {
+/// prompt's index in the run) and `question` when it has them; `metadata` points back
+/// at the object (`index`, in the environment's list of sample objects).
+pub fn sample_for(index: usize, prompt_index: usize, sample: &Bound<'_, PyAny>) -> QaSample {
     let dict = sample.cast::<PyDict>().ok();
     let field = |name: &str| {
         dict.and_then(|d| d.get_item(name).ok().flatten())
             .and_then(|v| v.str().ok().map(|s| s.to_string()))
     };
     let mut q = QaSample::new(
-        field("id").unwrap_or_else(|| index.to_string()),
+        field("id").unwrap_or_else(|| prompt_index.to_string()),
         field("question").unwrap_or_default(),
         Vec::new(),
     );

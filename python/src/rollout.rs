@@ -74,10 +74,15 @@ pub(crate) fn tree_config(
 }
 
 /// A set of samples a call names: `Given` as Python passed it (a list of sample
-/// dicts, or an int N for the first N of `split` of a built-in task), or `Default`,
-/// the first N of `split` (a built-in task's data; nothing for a Python environment).
+/// dicts, or an int N for N samples of `split` of a built-in task, from the one at
+/// `offset`: the set's first prompt's index in a larger run), or `Default`, the first
+/// N of `split` (a built-in task's data; nothing for a Python environment).
 pub(crate) enum SampleSet<'a, 'py> {
-    Given(&'a Bound<'py, PyAny>, Split),
+    Given {
+        samples: &'a Bound<'py, PyAny>,
+        split: Split,
+        offset: usize,
+    },
     Default(Split, usize),
 }
 
@@ -105,8 +110,23 @@ pub(crate) fn environment(
         for set in sets {
             out.push(match *set {
                 SampleSet::Default(split, n) => task.split(&data, split, n).map_err(env_error)?,
-                SampleSet::Given(samples, split) => match samples.extract::<usize>() {
-                    Ok(n) => task.split(&data, split, n).map_err(env_error)?,
+                SampleSet::Given {
+                    samples,
+                    split,
+                    offset,
+                } => match samples.extract::<usize>() {
+                    Ok(n) => {
+                        let mut all = task.split(&data, split, offset + n).map_err(env_error)?;
+                        if all.len() < offset + n {
+                            return Err(value_error(format!(
+                                "samples {offset}..{} asked for, but the task's {split:?} \
+                                 split has {} samples",
+                                offset + n,
+                                all.len()
+                            )));
+                        }
+                        all.split_off(offset)
+                    }
                     Err(_) => task_samples(samples)?,
                 },
             });
@@ -127,15 +147,18 @@ pub(crate) fn environment(
     let mut out = Vec::with_capacity(sets.len());
     for set in sets {
         let mut qa = Vec::new();
-        if let SampleSet::Given(samples, _) = *set {
+        if let SampleSet::Given {
+            samples, offset, ..
+        } = *set
+        {
             let list = samples.cast::<PyList>().map_err(|_| {
                 value_error(
                     "a Python environment's samples must be a list (there is no data set \
                      to count from)",
                 )
             })?;
-            for s in list.iter() {
-                qa.push(sample_for(objects.len(), &s));
+            for (k, s) in list.iter().enumerate() {
+                qa.push(sample_for(objects.len(), offset + k, &s));
                 objects.push(s.unbind());
             }
         }
@@ -174,8 +197,8 @@ fn task_samples(samples: &Bound<'_, PyAny>) -> PyResult<Vec<QaSample>> {
 #[pyo3(signature = (
     engine, env, samples, *, trees=2, expand=2, rounds=1, keep=None, select="paper",
     chains=None, seed=0, advantage=None, max_turns=3, max_step_tokens=256, temperature=1.0,
-    token_budget=None, max_concurrent_prompts=16, env_timeout=30.0, event_loop=None,
-    progress=None
+    token_budget=None, max_concurrent_prompts=16, env_timeout=30.0, prompt_offset=0,
+    event_loop=None, progress=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn rollout<'py>(
@@ -197,6 +220,7 @@ pub fn rollout<'py>(
     token_budget: Option<u64>,
     max_concurrent_prompts: usize,
     env_timeout: f64,
+    prompt_offset: usize,
     event_loop: Option<&Bound<'py, PyAny>>,
     progress: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
@@ -217,7 +241,11 @@ pub fn rollout<'py>(
     };
     let (environment, mut sets) = environment(
         env,
-        &[SampleSet::Given(samples, Split::Train)],
+        &[SampleSet::Given {
+            samples,
+            split: Split::Train,
+            offset: prompt_offset,
+        }],
         max_turns,
         env_timeout,
         event_loop,
@@ -230,6 +258,7 @@ pub fn rollout<'py>(
         advantage,
         token_budget,
         max_concurrent_prompts,
+        prompt_offset,
     };
     let request = RolloutRequest {
         env: environment,

@@ -130,11 +130,19 @@ impl Trainer {
         update.temperature = tree.sampling.logprob_temperature();
         let sets = [
             match train {
-                Some(t) => SampleSet::Given(t, Split::Train),
+                Some(t) => SampleSet::Given {
+                    samples: t,
+                    split: Split::Train,
+                    offset: 0,
+                },
                 None => SampleSet::Default(Split::Train, usize::MAX),
             },
             match test {
-                Some(t) => SampleSet::Given(t, Split::Test),
+                Some(t) => SampleSet::Given {
+                    samples: t,
+                    split: Split::Test,
+                    offset: 0,
+                },
                 None => SampleSet::Default(Split::Test, eval_prompts),
             },
         ];

@@ -80,6 +80,7 @@ pub async fn execute(
         advantage,
         token_budget: a.token_budget,
         max_concurrent_prompts: a.concurrent_prompts,
+        prompt_offset: 0,
     };
     let request = RolloutRequest {
         env,

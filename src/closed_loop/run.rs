@@ -354,6 +354,7 @@ impl TrainRun {
                     advantage: self.config.advantage,
                     token_budget: None,
                     max_concurrent_prompts: self.config.concurrent_prompts,
+                    prompt_offset: 0,
                 },
             };
             let progress_events = events.clone();

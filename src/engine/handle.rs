@@ -207,11 +207,22 @@ impl Engine {
     /// `treegrpo train` writes them), read on a blocking thread. Only its weights are
     /// taken; its shape must be the served model's.
     pub async fn load_weights_from(&self, path: &Path) -> Result<WeightVersion, EngineError> {
+        self.load_weights_from_as(path, None).await
+    }
+
+    /// [`Self::load_weights_from`] naming the new version (above the served one), or
+    /// the next one when `None`: replicas of one policy then report the same version.
+    pub async fn load_weights_from_as(
+        &self,
+        path: &Path,
+        version: Option<WeightVersion>,
+    ) -> Result<WeightVersion, EngineError> {
         let path = path.to_path_buf();
         let loaded = tokio::task::spawn_blocking(move || LoadedModel::load(&path))
             .await
             .map_err(|e| EngineError::Failed(format!("the weight loading task failed: {e}")))??;
-        self.load_weights(loaded.model).await
+        self.call(|r| Command::LoadWeights(loaded.model, version, r))
+            .await
     }
 
     /// [`Self::load_weights`] naming the new version (above the served one).

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use crate::advantage::AdvantageMode;
-use crate::engine::{Engine, EngineCounters};
+use crate::engine::{Engine, EngineCounters, EngineStats};
 use crate::env::{Environment, QaSample};
 use crate::kv::SeqId;
 use crate::model::TokenId;
@@ -132,6 +132,10 @@ pub struct RunSummary {
     pub peak_kv_bytes: u64,
     /// The KV pool's size in bytes.
     pub kv_pool_bytes: u64,
+    /// The version of the weights the engine served when the run started (0: those
+    /// it started with); every token was sampled under it unless weights were
+    /// swapped during the run.
+    pub weight_version: crate::engine::WeightVersion,
     pub config: TreeConfig,
     pub advantage: AdvantageMode,
     pub token_budget: Option<u64>,
@@ -155,6 +159,11 @@ pub struct RunOptions {
     /// Most prompts whose forests grow at once (0: all). More prompts fill larger
     /// batches; fewer keep KV use and the budget's overrun small.
     pub max_concurrent_prompts: usize,
+    /// The index of this run's first prompt in a larger run it is part of: prompt `i`
+    /// is seeded (and reported in `summary.forests`) as prompt `prompt_offset + i`, so
+    /// a prompt rolled out alone, or on another replica, gives the trajectories it
+    /// gives in the whole run.
+    pub prompt_offset: usize,
 }
 
 impl RunOptions {
@@ -163,6 +172,7 @@ impl RunOptions {
             advantage,
             token_budget: None,
             max_concurrent_prompts: 0,
+            prompt_offset: 0,
         }
     }
 }
@@ -292,13 +302,14 @@ pub async fn run_rollout(
         k => k,
     }));
     let mut jobs = JoinSet::new();
+    let offset = options.prompt_offset;
     for (i, start) in starts.into_iter().enumerate() {
         let ctx = ctx.clone();
         let permits = permits.clone();
         jobs.spawn(async move {
             let _permit = permits.acquire_owned().await;
             let forest = match start {
-                Ok(start) => sample_prompt_forest(ctx, i as u64, start).await,
+                Ok(start) => sample_prompt_forest(ctx, (offset + i) as u64, start).await,
                 Err(error) => Ok(Forest::failed_prompt(error)),
             };
             (i, forest)
@@ -331,7 +342,7 @@ pub async fn run_rollout(
         for r in &mut records {
             r.temperature = Some(config.sampling.logprob_temperature());
         }
-        let summary = forest_summary(i, &samples[i], &forest, &records);
+        let summary = forest_summary(offset + i, &samples[i], &forest, &records);
         ready.insert(
             i,
             Finished {
@@ -384,7 +395,7 @@ pub async fn run_rollout(
         &kept.records,
         n,
         &after,
-        (stats.kv.num_blocks * stats.kv.bytes_per_block) as u64,
+        &stats,
         t0.elapsed().as_secs_f64(),
         &options,
         interrupted,
@@ -485,7 +496,7 @@ fn summarize(
     records: &[TrajectoryRecord],
     prompts: usize,
     after: &EngineCounters,
-    kv_pool_bytes: u64,
+    start: &EngineStats,
     wall_seconds: f64,
     options: &RunOptions,
     interrupted: bool,
@@ -511,7 +522,8 @@ fn summarize(
         failed_branches: forests.iter().map(|f| f.failed_branches.len()).sum(),
         wall_seconds,
         peak_kv_bytes: after.peak_kv_bytes,
-        kv_pool_bytes,
+        kv_pool_bytes: (start.kv.num_blocks * start.kv.bytes_per_block) as u64,
+        weight_version: start.weight_version,
         config: ctx.config.clone(),
         advantage: options.advantage,
         token_budget: options.token_budget,

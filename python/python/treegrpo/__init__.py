@@ -71,6 +71,7 @@ def rollout(
     max_concurrent_prompts: int = 16,
     env_timeout: float = 30.0,
     progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+    prompt_offset: int = 0,
 ) -> RolloutResult:
     """Tree-GRPO rollouts of ``samples`` in ``env`` on ``engine``.
 
@@ -95,6 +96,14 @@ def rollout(
     L=``rounds``, K=``keep`` leaves kept per tree; ``chains=G`` for G independent
     chains (GRPO). ``advantage``: tree, tree-2norm, inter, intra or grpo (default:
     tree for trees, grpo for chains). The same seed gives the same trajectories.
+
+    ``prompt_offset``: the index of the first sample in a larger run this call is a
+    part of. Seeds derive from the seed and the prompt's index in that run (and the
+    tree and branch), so ``rollout(engine, env, samples[k:k+1], prompt_offset=k)``
+    gives exactly the trajectories of prompt ``k`` in ``rollout(engine, env,
+    samples)``; with a built-in task and an int N, the samples are the task's
+    ``prompt_offset`` .. ``prompt_offset + N - 1``. This is how
+    :class:`treegrpo.ray.RolloutPool` spreads one run over replicas.
     """
     options = dict(
         trees=trees,
@@ -112,6 +121,7 @@ def rollout(
         max_concurrent_prompts=max_concurrent_prompts,
         env_timeout=env_timeout,
         progress=progress,
+        prompt_offset=prompt_offset,
     )
     if isinstance(env, str):
         return RolloutResult(**_treegrpo.rollout(engine, env, samples, **options))

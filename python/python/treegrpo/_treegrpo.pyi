@@ -102,8 +102,9 @@ class Engine:
         """verl's async server call: ``{"token_ids", "log_probs", "stop_reason",
         "weight_version"}``."""
     def session(self, prompt_ids: Prompt) -> Session: ...
-    def load_weights(self, path: Union[str, PathLike[str]]) -> int:
-        """Serves a checkpoint's weights from now on; returns the new version."""
+    def load_weights(self, path: Union[str, PathLike[str]], version: Optional[int] = None) -> int:
+        """Serves a checkpoint's weights from now on; returns the new version
+        (``version`` when given, which must be above the served one; else the next)."""
     def reset_prefix_cache(self) -> None: ...
     def stats(self) -> Dict[str, Any]:
         """Counters (prefilled, decoded, reused, computed), KV pool, sequences,
@@ -128,6 +129,7 @@ def rollout(
     token_budget: Optional[int] = None,
     max_concurrent_prompts: int = 16,
     env_timeout: float = 30.0,
+    prompt_offset: int = 0,
     event_loop: Any = None,
     progress: Optional[Callable[[Dict[str, Any]], None]] = None,
 ) -> Dict[str, Any]: ...
