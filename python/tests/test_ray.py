@@ -121,6 +121,25 @@ def test_a_killed_replica_has_its_prompts_rerun_and_is_replaced(local_ray, one_e
         assert len(g["token_ids"]) >= 1
 
 
+def test_when_every_replica_died_the_finished_prompts_are_kept(local_ray, one_engine_result):
+    with RolloutPool(1, threads=1, max_restarts=0, **ENGINE) as pool:
+        actor = pool.slots[0].actor
+
+        def kill_after_the_first_prompt(progress):
+            ray.kill(actor)
+
+        with pytest.raises(PoolError, match="every replica of the pool died") as e:
+            pool.rollout(
+                "calc", 4, progress=kill_after_the_first_prompt, max_concurrent_prompts=1, **SHAPE
+            )
+    partial = e.value.partial
+    assert partial.summary["prompts"] == 4
+    done = [f["prompt_index"] for f in partial.summary["forests"]]
+    assert done and done == list(range(len(done))), "the prompts finished before the death"
+    per_prompt = len(one_engine_result.trajectories) // PROMPTS
+    assert partial.trajectories == one_engine_result.trajectories[: len(done) * per_prompt]
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, one_engine_result):
     """A checkpoint that differs from the default model: one update on its rollouts."""
