@@ -17,12 +17,15 @@ from .. import RolloutResult
 
 @dataclass
 class PromptResult:
-    """One prompt's rollout: the call's result, the replica slot that made it, and
-    how many calls it took (more than one after a replica died)."""
+    """One prompt's rollout: the call's result, the replica slot that made it, how
+    many calls it took (more than one after a replica died), and the seconds from
+    sending its last call to having its result (the replica's run plus what Ray and
+    the call's wrapping add)."""
 
     result: RolloutResult
     replica: int
     attempts: int
+    call_seconds: float
 
 
 def add_tokens(total: Dict[str, int], part: Dict[str, int]) -> None:
@@ -68,6 +71,7 @@ def merge(
                     replica=part.replica,
                     weight_version=s["weight_version"],
                     attempts=part.attempts,
+                    call_seconds=part.call_seconds,
                 )
             )
     rollouts = len(trajectories)

@@ -266,8 +266,9 @@ class RolloutPool:
         ``progress`` is called after each finished prompt with ``prompts_done``,
         ``prompts``, ``rollouts``, ``computed_tokens``, ``seconds``, ``replica``.
         ``summary["forests"][i]`` says which ``replica`` slot made prompt ``i``, under
-        which ``weight_version``, in how many ``attempts``; ``summary["pool"]`` counts
-        replicas, deaths and re-runs.
+        which ``weight_version``, in how many ``attempts``, and its ``call_seconds``
+        (its ``wall_seconds`` on the replica plus what Ray adds); ``summary["pool"]``
+        counts replicas, deaths and re-runs.
         """
         unknown = set(options) - ROLLOUT_OPTIONS
         if unknown:
@@ -283,7 +284,8 @@ class RolloutPool:
         pending: Deque[int] = deque(range(n))
         attempts = [0] * n
         finished: Dict[int, PromptResult] = {}
-        in_flight: Dict[Any, Tuple[int, ReplicaSlot, Any]] = {}
+        # Each call in flight: its prompt, slot, actor and when it was sent.
+        in_flight: Dict[Any, Tuple[int, ReplicaSlot, Any, float]] = {}
         computed = 0
         reruns = 0
         deaths_before = self.deaths
@@ -299,7 +301,7 @@ class RolloutPool:
                     ref = slot.actor.rollout.remote(
                         env_ref, prompt_samples[i], prompt_offset=i, **options
                     )
-                    in_flight[ref] = (i, slot, slot.actor)
+                    in_flight[ref] = (i, slot, slot.actor, time.monotonic())
                     slot.outstanding += 1
                 if budget_spent:
                     pending.clear()
@@ -319,7 +321,7 @@ class RolloutPool:
                     if ref in starting:
                         self._became_ready(starting[ref])
                         continue
-                    i, slot, actor = in_flight.pop(ref)
+                    i, slot, actor, sent = in_flight.pop(ref)
                     if slot.actor is actor:
                         slot.outstanding -= 1
                     try:
@@ -330,7 +332,9 @@ class RolloutPool:
                         pending.appendleft(i)
                         reruns += 1
                         continue
-                    finished[i] = PromptResult(result, slot.index, attempts[i])
+                    finished[i] = PromptResult(
+                        result, slot.index, attempts[i], time.monotonic() - sent
+                    )
                     computed += result.summary["tokens"]["computed"]
                     if progress is not None:
                         _report(
