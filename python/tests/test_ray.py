@@ -145,7 +145,7 @@ def checkpoint(tmp_path_factory, one_engine_result):
     """A checkpoint that differs from the default model: one update on its rollouts."""
     trajectories = [
         dict(t, advantage=(1.0 if i % 2 == 0 else -1.0))
-        for i, t in enumerate(one_engine_result.trajectories[:4])
+        for i, t in enumerate(one_engine_result.trajectories[:2])
     ]
     path = tmp_path_factory.mktemp("ray") / "ckpt"
     treegrpo.update(None, trajectories, str(path), lr=1e-4)
