@@ -267,17 +267,30 @@ fn eval(
         .mean_reward
 }
 
-/// Warm-start (AdamW at `lr_sft`) then `steps` Tree-GRPO steps (at `lr_rl`) on calc;
-/// returns the eval reward before, after the warm-start and after RL.
-fn warm_start_then_rl(
-    m: &Arc<LoadedModel>,
+/// The sizes of a warm-start-then-RL run.
+struct Schedule {
+    /// AdamW's learning rate for the warm-start and for the Tree-GRPO steps.
     lr_sft: f64,
     lr_rl: f64,
+    /// Oracle demonstrations the warm-start trains on (one epoch, batches of 8).
+    demos: usize,
     steps: u64,
-    out: &Path,
-) -> [f64; 3] {
+    prompts_per_step: usize,
+}
+
+/// Warm-start then Tree-GRPO steps on calc, as `schedule` says; returns the eval
+/// reward before, after the warm-start and after RL.
+fn warm_start_then_rl(m: &Arc<LoadedModel>, schedule: Schedule, out: &Path) -> [f64; 3] {
+    let Schedule {
+        lr_sft,
+        lr_rl,
+        demos,
+        steps,
+        prompts_per_step,
+    } = schedule;
     let rt = rt();
     let (env, train, test) = calc(2, 16);
+    let train = &train[..demos];
     let test = &test[..10];
     let engine = Engine::start(m.clone(), EngineConfig::default()).unwrap();
     let before = eval(&rt, &engine, &env, test);
@@ -292,7 +305,7 @@ fn warm_start_then_rl(
         .block_on(warm_start(
             m,
             env.as_ref(),
-            &train,
+            train,
             &params,
             lr_sft,
             &cfg,
@@ -309,7 +322,7 @@ fn warm_start_then_rl(
 
     let config = loop_config(
         steps,
-        4,
+        prompts_per_step,
         TreeShape::tree(2, 2, 1, Selection::Paper),
         3,
         64,
@@ -367,7 +380,14 @@ fn warm_start_then_rl(
 fn warm_start_and_tree_grpo_raise_the_eval_reward_and_learning_rate_zero_does_not() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
-    let [before, warm, after] = warm_start_then_rl(&m, 1e-4, 1e-5, 2, &dir.path().join("learn"));
+    let learn = Schedule {
+        lr_sft: 1e-4,
+        lr_rl: 1e-5,
+        demos: 16,
+        steps: 2,
+        prompts_per_step: 4,
+    };
+    let [before, warm, after] = warm_start_then_rl(&m, learn, &dir.path().join("learn"));
     eprintln!(
         "eval reward: before {before:.3}, after the warm-start {warm:.3}, after RL {after:.3}"
     );
@@ -376,10 +396,17 @@ fn warm_start_and_tree_grpo_raise_the_eval_reward_and_learning_rate_zero_does_no
     // 0.24 after the warm-start alone in `treegrpo sft`).
     assert!(after >= before + 0.1, "eval reward {before} → {after}");
 
-    // The control takes one RL step: an update at lr 0 must change nothing, and one
-    // shows it as well as two (CI time).
-    let [c_before, c_warm, c_after] =
-        warm_start_then_rl(&m, 0.0, 0.0, 1, &dir.path().join("control"));
+    // The control is smaller (CI time): an update at lr 0 must change nothing, and
+    // one batch of demonstrations and one RL step on one prompt show it as well as
+    // the learning run's sizes would.
+    let control = Schedule {
+        lr_sft: 0.0,
+        lr_rl: 0.0,
+        demos: 8,
+        steps: 1,
+        prompts_per_step: 1,
+    };
+    let [c_before, c_warm, c_after] = warm_start_then_rl(&m, control, &dir.path().join("control"));
     eprintln!("control (lr 0): {c_before:.3}, {c_warm:.3}, {c_after:.3}");
     assert_eq!(c_before, before);
     assert_eq!(
