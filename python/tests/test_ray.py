@@ -177,6 +177,17 @@ def test_a_python_environment_runs_on_the_replicas(pool):
     assert [f["prompt_uid"] for f in spread.summary["forests"]] == ["q0", "q1"]
 
 
+def test_a_token_budget_stops_new_prompts_and_keeps_the_started_ones(pool):
+    # One prompt at a time per replica: two start, the budget is spent as the first
+    # finishes, so the second finishes and no third starts.
+    out = pool.rollout("calc", 4, token_budget=1, max_concurrent_prompts=1, **SHAPE)
+    s = out.summary
+    assert (s["prompts"], s["prompts_finished"]) == (4, 2)
+    assert s["token_budget"] == 1 and s["budget_exhausted"]
+    assert [f["prompt_index"] for f in s["forests"]] == [0, 1]
+    assert len(out.trajectories) == 2 * 2 * (1 + 2 * 1)
+
+
 @pytest.mark.parametrize(
     "call, error",
     [

@@ -39,11 +39,12 @@ def merge(
     wall_seconds: float,
     weight_version: int,
     pool: Dict[str, Any],
-    budget_exhausted: bool = False,
-    interrupted: bool = False,
+    token_budget: Optional[int],
+    budget_exhausted: bool,
 ) -> RolloutResult:
     """The run's result from ``finished`` (prompt index → its result), in prompt
-    order. ``pool`` goes into ``summary["pool"]`` (replicas, deaths, re-runs)."""
+    order. ``pool`` goes into ``summary["pool"]`` (replicas, deaths, re-runs);
+    ``token_budget`` is the pool's (checked between prompts, not by the replicas)."""
     trajectories: List[Dict[str, Any]] = []
     forests: List[Dict[str, Any]] = []
     forest_summaries: List[Dict[str, Any]] = []
@@ -93,13 +94,15 @@ def merge(
         "peak_kv_bytes": peak_kv,
         "kv_pool_bytes": kv_pool,
         "weight_version": weight_version,
+        "token_budget": token_budget,
         "budget_exhausted": budget_exhausted,
-        "interrupted": interrupted,
+        # A pool's rollout is never interrupted with a result (Ctrl-C raises).
+        "interrupted": False,
         "shared_prefix": shared,
         "forests": forest_summaries,
         "pool": pool,
     }
     if first is not None:
-        for key in ("config", "advantage", "token_budget"):
+        for key in ("config", "advantage"):
             summary[key] = first[key]
     return RolloutResult(trajectories=trajectories, forests=forests, summary=summary)

@@ -245,7 +245,7 @@ class RolloutPool:
                 self._mark_dead(slot, actor)
         self.wait_ready(self.start_timeout)
         if not self._live():
-            raise RuntimeError("every replica of the pool died")
+            raise PoolError("every replica of the pool died")
         return version
 
     # ----- rollouts -----
@@ -287,11 +287,13 @@ class RolloutPool:
         # Each call in flight: its prompt, slot, actor and when it was sent.
         in_flight: Dict[Any, Tuple[int, ReplicaSlot, Any, float]] = {}
         computed = 0
+        rollouts = 0
         reruns = 0
+        budget_spent = False
         deaths_before = self.deaths
         try:
             while pending or in_flight:
-                budget_spent = budget is not None and computed >= budget
+                budget_spent = budget_spent or (budget is not None and computed >= budget)
                 while pending and not budget_spent:
                     slot = self._least_outstanding(per_replica)
                     if slot is None:
@@ -311,7 +313,7 @@ class RolloutPool:
                         raise PoolError(
                             f"every replica of the pool died; {len(pending)} of {n} "
                             "prompts not rolled out (the others are in .partial)",
-                            self._merge(n, finished, t0, deaths_before, reruns, budget),
+                            self._merge(n, finished, t0, deaths_before, reruns, budget, budget_spent),
                         )
                     break
                 ready, _ = ray.wait(
@@ -336,15 +338,14 @@ class RolloutPool:
                         result, slot.index, attempts[i], time.monotonic() - sent
                     )
                     computed += result.summary["tokens"]["computed"]
+                    rollouts += len(result.trajectories)
                     if progress is not None:
                         _report(
                             progress,
                             {
                                 "prompts_done": len(finished),
                                 "prompts": n,
-                                "rollouts": sum(
-                                    len(p.result.trajectories) for p in finished.values()
-                                ),
+                                "rollouts": rollouts,
                                 "computed_tokens": computed,
                                 "seconds": time.monotonic() - t0,
                                 "replica": slot.index,
@@ -359,7 +360,7 @@ class RolloutPool:
                 except Exception:
                     pass
             raise
-        return self._merge(n, finished, t0, deaths_before, reruns, budget)
+        return self._merge(n, finished, t0, deaths_before, reruns, budget, budget_spent)
 
     def _merge(
         self,
@@ -369,8 +370,9 @@ class RolloutPool:
         deaths_before: int,
         reruns: int,
         budget: Optional[int],
+        budget_spent: bool,
     ) -> treegrpo.RolloutResult:
-        out = merge(
+        return merge(
             n,
             finished,
             time.monotonic() - t0,
@@ -381,10 +383,9 @@ class RolloutPool:
                 "replica_deaths": self.deaths - deaths_before,
                 "reruns": reruns,
             },
-            budget_exhausted=budget is not None and len(finished) < n,
+            token_budget=budget,
+            budget_exhausted=budget_spent and len(finished) < n,
         )
-        out.summary["token_budget"] = budget
-        return out
 
     def _least_outstanding(self, cap: int) -> Optional[ReplicaSlot]:
         """The live replica with the fewest prompts in flight, under ``cap``."""

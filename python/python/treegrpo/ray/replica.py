@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Union
 
 import treegrpo
 
@@ -90,4 +90,3 @@ class RolloutReplica:
         if weights is not None and self.engine.weight_version < version:
             self.engine.load_weights(weights, version)
         return self.info()
-
