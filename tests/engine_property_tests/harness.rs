@@ -1,47 +1,9 @@
-//! Seeded random operation sequences against the engine core on a tiny model, with a
-//! KV pool small enough that sequences wait for room, cached blocks are evicted and
-//! some sequences can never fit.
-//!
-//! After every operation: the KV layer's invariants hold, every live sequence's cached
-//! tokens are a prefix of what the test knows it holds (prompt, appends, generated
-//! tokens), and every finished generation is checked against a plain dense forward of
-//! its context (each sampled token's logprob, and greedy picks the top logit). Every
-//! `generate` that was accepted ends exactly once in `take_finished`, as `Ok` or as an
-//! explicit `Err`. At the end, with everything freed and unpinned and the prefix cache
-//! cleared, every block is free.
+//! The harness of the random engine operations: it applies a seeded random
+//! operation, collects what finished, and checks the KV layer's invariants, every
+//! live sequence's cached tokens and every finished generation against a dense
+//! forward.
 
-mod common;
-
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
-use common::max_abs_diff;
-use common::rng::Rng;
-use common::tiny::{logits_all, Flavour, TinyModel};
-use treegrpo::engine::{
-    EngineConfig, EngineCore, EngineError, GenParams, Generation, Sampling, StopReason,
-};
-use treegrpo::kv::{PinId, SeqId};
-use treegrpo::model::{LoadedModel, ModelError, TokenId};
-
-/// The tiny llama written as a GGUF (f32 weights) and loaded the way the product loads.
-fn tiny_model() -> Arc<LoadedModel> {
-    let tmp = tempfile::tempdir().unwrap();
-    let path = tmp.path().join("tiny.gguf");
-    TinyModel::new(Flavour::Llama, 11).write_gguf(&path);
-    Arc::new(LoadedModel::load(&path).unwrap())
-}
-
-fn config(model: &LoadedModel, blocks: usize) -> EngineConfig {
-    let block_size = 4;
-    EngineConfig {
-        kv_budget_bytes: blocks * block_size * model.model.config().kv_bytes_per_token(),
-        block_size,
-        max_batch_tokens: 16,
-        max_batch_seqs: 8,
-        ..EngineConfig::default()
-    }
-}
+use super::*;
 
 /// A generation the engine accepted and has not reported yet.
 struct Outstanding {
@@ -51,33 +13,33 @@ struct Outstanding {
 
 /// What one run exercised (asserted so the test keeps testing what it claims).
 #[derive(Debug, Default)]
-struct Coverage {
-    ops: usize,
-    gen_ok: usize,
-    gen_err: usize,
-    gen_tokens: usize,
-    stop_token: usize,
-    max_tokens: usize,
-    context_full: usize,
-    never_fits: usize,
-    overflow: usize,
-    prefill_errors: usize,
-    busy: usize,
-    empty: usize,
-    unknown: usize,
-    forks: usize,
-    pins: usize,
-    freed_generating: usize,
-    scores: usize,
-    score_err: usize,
-    prefills: usize,
-    prefill_failed: usize,
-    evictions: u64,
-    cow_copies: u64,
+pub(super) struct Coverage {
+    pub(super) ops: usize,
+    pub(super) gen_ok: usize,
+    pub(super) gen_err: usize,
+    pub(super) gen_tokens: usize,
+    pub(super) stop_token: usize,
+    pub(super) max_tokens: usize,
+    pub(super) context_full: usize,
+    pub(super) never_fits: usize,
+    pub(super) overflow: usize,
+    pub(super) prefill_errors: usize,
+    pub(super) busy: usize,
+    pub(super) empty: usize,
+    pub(super) unknown: usize,
+    pub(super) forks: usize,
+    pub(super) pins: usize,
+    pub(super) freed_generating: usize,
+    pub(super) scores: usize,
+    pub(super) score_err: usize,
+    pub(super) prefills: usize,
+    pub(super) prefill_failed: usize,
+    pub(super) evictions: u64,
+    pub(super) cow_copies: u64,
 }
 
 impl Coverage {
-    fn add(&mut self, c: &Coverage) {
+    pub(super) fn add(&mut self, c: &Coverage) {
         self.ops += c.ops;
         self.gen_ok += c.gen_ok;
         self.gen_err += c.gen_err;
@@ -655,7 +617,9 @@ impl Harness {
     }
 }
 
-fn run(model: &Arc<LoadedModel>, seed: u64, blocks: usize, ops: usize) -> Coverage {
+/// One seeded run of `ops` random operations on a pool of `blocks` blocks, checked
+/// after every operation; returns what it exercised.
+pub(super) fn run(model: &Arc<LoadedModel>, seed: u64, blocks: usize, ops: usize) -> Coverage {
     let mut rng = Rng::new(seed);
     let mut h = Harness::new(model.clone(), blocks);
     let bases: Vec<Vec<TokenId>> = (0..3).map(|_| rng.tokens(12, h.vocab)).collect();
@@ -673,125 +637,4 @@ fn run(model: &Arc<LoadedModel>, seed: u64, blocks: usize, ops: usize) -> Covera
     eprintln!("seed {seed}, {blocks} blocks: {:?}; {counters:?}", h.cov);
     assert!(counters.sampled >= counters.decoded);
     h.cov
-}
-
-/// Pools of 12 blocks (a sequence longer than 48 tokens never fits) and of 24 blocks
-/// (everything fits alone; sequences wait for each other and evict cached blocks).
-#[test]
-fn random_engine_operations_keep_the_cache_consistent_and_lose_no_generation() {
-    let model = tiny_model();
-    assert_eq!(model.model.config().max_position_embeddings, 64);
-    let mut total = Coverage::default();
-    let runs = [
-        (1, 12),
-        (2, 24),
-        (3, 12),
-        (4, 32),
-        (5, 16),
-        (6, 48),
-        (7, 20),
-        (8, 64),
-    ];
-    for (seed, blocks) in runs {
-        total.add(&run(&model, seed, blocks, 500));
-    }
-    eprintln!("total over {} runs: {total:?}", runs.len());
-    // The runs reach the paths they are meant to.
-    assert!(total.gen_ok >= 50 && total.gen_tokens >= 100, "{total:?}");
-    assert!(total.stop_token > 0 && total.max_tokens > 0, "{total:?}");
-    assert!(total.never_fits > 0 && total.overflow > 0, "{total:?}");
-    assert!(
-        total.context_full > 0 && total.prefill_errors > 0,
-        "{total:?}"
-    );
-    assert!(
-        total.busy > 0 && total.forks > 20 && total.pins > 10,
-        "{total:?}"
-    );
-    assert!(total.unknown > 0, "{total:?}");
-    assert!(total.evictions > 0 && total.cow_copies > 0, "{total:?}");
-}
-
-/// A generation whose sequence is freed before it finishes must still be reported
-/// (as an error), or an async caller waiting for it would wait forever.
-#[test]
-fn freeing_a_generating_sequence_reports_its_generation() {
-    let model = tiny_model();
-    let mut core = EngineCore::new(model.clone(), config(&model, 32)).unwrap();
-    let seq = core.add_sequence(&[5, 6, 7, 8, 9]).unwrap();
-    core.generate(seq, GenParams::greedy(8)).unwrap();
-    core.step().unwrap();
-    core.free(seq).unwrap();
-    core.run_until_idle().unwrap();
-    let finished = core.take_finished();
-    assert_eq!(
-        finished.len(),
-        1,
-        "the generation of a freed sequence was dropped"
-    );
-    assert!(finished[0].1.is_err());
-}
-
-/// A token id outside the vocabulary is refused where it enters (add or append), so it
-/// can never reach a forward and fail other sequences' batch.
-#[test]
-fn an_out_of_vocabulary_token_is_refused_and_others_go_on() {
-    let model = tiny_model();
-    let vocab = model.model.config().vocab_size as TokenId;
-    let mut core = EngineCore::new(model.clone(), config(&model, 32)).unwrap();
-    let good = core.add_sequence(&[5, 6, 7]).unwrap();
-    assert!(matches!(
-        core.add_sequence(&[5, vocab + 3]),
-        Err(EngineError::BadToken { .. })
-    ));
-    assert!(matches!(
-        core.append(good, &[vocab]),
-        Err(EngineError::BadToken { .. })
-    ));
-    core.generate(good, GenParams::greedy(4)).unwrap();
-    core.run_until_idle().unwrap();
-    let finished = core.take_finished();
-    assert_eq!(finished.len(), 1);
-    assert!(finished[0].1.is_ok());
-}
-
-/// The same through the async handle: a `generate` whose sequence is freed meanwhile
-/// must resolve (with an error), not wait forever.
-#[tokio::test]
-async fn engine_generate_resolves_when_its_sequence_is_freed() {
-    let model = tiny_model();
-    let engine = treegrpo::engine::Engine::start(model.clone(), config(&model, 32)).unwrap();
-    let seq = engine.add_sequence(vec![5, 6, 7, 8, 9]).await.unwrap();
-    // Both commands are sent in one poll, so the engine applies them back to back.
-    let (generated, freed) = tokio::join!(
-        tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            engine.generate(seq, GenParams::greedy(50))
-        ),
-        engine.free(seq)
-    );
-    freed.unwrap();
-    let generated = generated.expect("generate never resolved");
-    assert!(generated.is_err(), "{generated:?}");
-}
-
-/// `prefill` of tokens that cannot be computed (past the context window) reports an
-/// error through `take_flushed`, not `Ok`.
-#[test]
-fn a_failed_prefill_reports_an_error() {
-    let model = tiny_model();
-    let max = model.model.config().max_position_embeddings;
-    let mut core = EngineCore::new(model.clone(), config(&model, 32)).unwrap();
-    let prompt: Vec<TokenId> = (0..max as TokenId - 4).map(|i| 3 + i % 200).collect();
-    let seq = core.add_sequence(&prompt).unwrap();
-    core.append(seq, &[5; 10]).unwrap();
-    core.prefill(seq).unwrap();
-    core.run_until_idle().unwrap();
-    let flushed = core.take_flushed();
-    assert_eq!(flushed.len(), 1);
-    assert!(
-        flushed[0].1.is_err(),
-        "prefill past the context: {:?}",
-        flushed[0].1
-    );
 }
