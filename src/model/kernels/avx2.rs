@@ -123,37 +123,53 @@ pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &m
         }
         // 16 → 8: lane l += lane l + 8.
         let s: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(lo[i], hi[i]));
-        // 8 → 4: [s0 low half + s0 high half | s1 …], and the same for s2, s3.
-        let ab = _mm256_add_ps(
-            _mm256_permute2f128_ps(s[0], s[1], 0x20),
-            _mm256_permute2f128_ps(s[0], s[1], 0x31),
-        );
-        let cd = _mm256_add_ps(
-            _mm256_permute2f128_ps(s[2], s[3], 0x20),
-            _mm256_permute2f128_ps(s[2], s[3], 0x31),
-        );
-        // 4 → 2: per 128-bit half, [x0 + x2, x1 + x3] of ab, then of cd.
-        let y = _mm256_add_ps(
-            _mm256_shuffle_ps(ab, cd, 0b01_00_01_00),
-            _mm256_shuffle_ps(ab, cd, 0b11_10_11_10),
-        );
-        // 2 → 1: [a, c, a, c | b, d, b, d].
-        let z = _mm256_add_ps(
-            _mm256_permute_ps(y, 0b10_00_10_00),
-            _mm256_permute_ps(y, 0b11_01_11_01),
-        );
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), z);
-        // `+ 0.0`: dot_fixed's (empty) tail, which turns a −0 sum into +0 as it does.
-        out[j] = lanes[0] + 0.0;
-        out[j + 1] = lanes[4] + 0.0;
-        out[j + 2] = lanes[1] + 0.0;
-        out[j + 3] = lanes[5] + 0.0;
+        let sums = reduce_four(s);
+        out[j..j + 4].copy_from_slice(&sums);
         j += 4;
     }
     for (o, row) in out[j..].iter_mut().zip(&rows[j..]) {
         *o = super::rows::dot_fixed(q, &row[offset..offset + q.len()]);
     }
+}
+
+/// The last three halvings of [`super::rows::dot_fixed`] for four keys at once: each
+/// `s[i]` holds key `i`'s eight lane sums (lanes 0..8 after `l += l + 8`); returns the
+/// four dot products. Shared by the AVX2 and AVX-512 `dot_rows`, so both add exactly
+/// the same pairs.
+///
+/// # Safety
+/// The CPU supports AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn reduce_four(s: [__m256; 4]) -> [f32; 4] {
+    // 8 → 4: [s0 low half + s0 high half | s1 …], and the same for s2, s3.
+    let ab = _mm256_add_ps(
+        _mm256_permute2f128_ps(s[0], s[1], 0x20),
+        _mm256_permute2f128_ps(s[0], s[1], 0x31),
+    );
+    let cd = _mm256_add_ps(
+        _mm256_permute2f128_ps(s[2], s[3], 0x20),
+        _mm256_permute2f128_ps(s[2], s[3], 0x31),
+    );
+    // 4 → 2: per 128-bit half, [x0 + x2, x1 + x3] of ab, then of cd.
+    let y = _mm256_add_ps(
+        _mm256_shuffle_ps(ab, cd, 0b01_00_01_00),
+        _mm256_shuffle_ps(ab, cd, 0b11_10_11_10),
+    );
+    // 2 → 1: [a, c, a, c | b, d, b, d].
+    let z = _mm256_add_ps(
+        _mm256_permute_ps(y, 0b10_00_10_00),
+        _mm256_permute_ps(y, 0b11_01_11_01),
+    );
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), z);
+    // `+ 0.0`: dot_fixed's (empty) tail, which turns a −0 sum into +0 as it does.
+    [
+        lanes[0] + 0.0,
+        lanes[4] + 0.0,
+        lanes[1] + 0.0,
+        lanes[5] + 0.0,
+    ]
 }
 
 super::tile::entry_points!(Avx2, "avx2,fma,f16c");

@@ -68,4 +68,40 @@ impl Lanes for Avx512 {
     }
 }
 
+/// [`super::rows::dot_fixed`] of `q` with `rows[j][offset..]` into `out[j]`, four rows at
+/// a time: one 16-lane register per key holds exactly `dot_fixed`'s sixteen lane sums
+/// (one `fma` per chunk instead of AVX2's two), its halves are added (`l += l + 8`),
+/// and the AVX2 variant's shuffles finish the sums, so each result is bit-identical.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `q.len()` is a multiple of 16 and every row holds
+/// `offset + q.len()` values; `out.len() == rows.len()`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
+    let chunks = q.len() / 16;
+    let qp = q.as_ptr();
+    let mut j = 0;
+    while j + 4 <= rows.len() {
+        let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr().add(offset));
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for c in 0..chunks {
+            let qc = _mm512_loadu_ps(qp.add(16 * c));
+            for i in 0..4 {
+                acc[i] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(p[i].add(16 * c)), acc[i]);
+            }
+        }
+        let s: [__m256; 4] = std::array::from_fn(|i| {
+            _mm256_add_ps(
+                _mm512_castps512_ps256(acc[i]),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1)),
+            )
+        });
+        out[j..j + 4].copy_from_slice(&super::avx2::reduce_four(s));
+        j += 4;
+    }
+    for (o, row) in out[j..].iter_mut().zip(&rows[j..]) {
+        *o = super::rows::dot_fixed(q, &row[offset..offset + q.len()]);
+    }
+}
+
 super::tile::entry_points!(Avx512, "avx512f");

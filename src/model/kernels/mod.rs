@@ -333,17 +333,27 @@ pub fn weighted_sum(rows: &[&[f32]], offset: usize, probs: &[f32], scale: f32, o
 
 /// `out[j] = dot_fixed(q, rows[j][offset .. offset + q.len()])` (see
 /// [`rows::dot_fixed`] for the order): attention's scores. Four rows at a time on
-/// AVX2 (and on AVX-512 machines, which have it), bit-identical to the plain loop.
+/// AVX-512 and AVX2, bit-identical to the plain loop.
 ///
 /// # Panics
 /// If `out` and `rows` differ in length or a row is too short.
 pub fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
     assert!(out.len() == rows.len() && rows.iter().all(|r| r.len() >= offset + q.len()));
     #[cfg(target_arch = "x86_64")]
-    if q.len().is_multiple_of(16) && Isa::active() != Isa::Scalar && Isa::Avx2.available() {
-        // SAFETY: AVX2 and FMA are present (checked); shapes asserted above.
-        unsafe { avx2::dot_rows(q, rows, offset, out) };
-        return;
+    if q.len().is_multiple_of(16) {
+        match Isa::active() {
+            // SAFETY: `Isa::active` only returns variants the CPU runs (AVX-512F
+            // machines have AVX2 too: its reduction is shared); shapes asserted above.
+            Isa::Avx512 if Isa::Avx2.available() => {
+                unsafe { avx512::dot_rows(q, rows, offset, out) };
+                return;
+            }
+            Isa::Avx512 | Isa::Avx2 if Isa::Avx2.available() => {
+                unsafe { avx2::dot_rows(q, rows, offset, out) };
+                return;
+            }
+            _ => {}
+        }
     }
     for (o, row) in out.iter_mut().zip(rows) {
         *o = rows::dot_fixed(q, &row[offset..offset + q.len()]);

@@ -1,5 +1,5 @@
 //! Attention's two row loops: dot products of one query with many key rows
-//! ([`dot_fixed`], and four keys at a time on AVX2 in `avx2.rs`), and weighted sums of
+//! ([`dot_fixed`], and four keys at a time in `avx512.rs` and `avx2.rs`), and weighted sums of
 //! value rows (`Σ_j p_j · v_j`) on the same `Lanes` as the matmul, so the sums stay in
 //! vector registers (written as plain Rust, LLVM kept them in memory and in scalar
 //! registers, and that loop was most of the rollout's attention time).
