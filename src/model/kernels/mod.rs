@@ -342,13 +342,14 @@ pub fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if q.len().is_multiple_of(16) {
         match Isa::active() {
-            // SAFETY: `Isa::active` only returns variants the CPU runs (AVX-512F
-            // machines have AVX2 too: its reduction is shared); shapes asserted above.
+            // SAFETY: `Isa::active` only returns variants the CPU runs; the AVX-512
+            // variant also needs AVX2 (it shares the AVX2 reduction), checked here.
+            // Shapes asserted above.
             Isa::Avx512 if Isa::Avx2.available() => {
                 unsafe { avx512::dot_rows(q, rows, offset, out) };
                 return;
             }
-            Isa::Avx512 | Isa::Avx2 if Isa::Avx2.available() => {
+            Isa::Avx2 => {
                 unsafe { avx2::dot_rows(q, rows, offset, out) };
                 return;
             }
