@@ -20,7 +20,8 @@
 //! 9. [`closed_loop`] — `treegrpo sft` and `treegrpo train`: the warm-start, then
 //!    rollouts → advantages → update → weight swap, step after step.
 //! 10. [`bench`] — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
-//!     `mistralrs` feature) on the same prompts and seed, measured.
+//!     `mistralrs` feature) on the same prompts and seed, and decode and prefill speed
+//!     (beside llama.cpp's with the `llamacpp` feature), measured.
 //!
 //! See `ARCHITECTURE.md` for the invariants and where to change what.
 
@@ -31,8 +32,9 @@ pub mod engine;
 pub mod env;
 pub mod kv;
 pub mod model;
-/// The peer engine mistral.rs running the same workloads, for comparison (feature `mistralrs`).
-#[cfg(feature = "mistralrs")]
+/// Peer engines (mistral.rs, llama.cpp) running the same workloads, for comparison
+/// (features `mistralrs`, `llamacpp`).
+#[cfg(any(feature = "mistralrs", feature = "llamacpp"))]
 pub mod peer;
 pub mod rollout;
 #[cfg(feature = "serve")]

@@ -1,5 +1,5 @@
-//! Aggregate decode speed of our engine (and, with the `mistralrs` feature, of the
-//! peer on the same prompt ids): `batch` sequences generating together.
+//! Aggregate decode speed of our engine (and, with the `mistralrs` or `llamacpp`
+//! feature, of a peer on the same prompt ids): `batch` sequences generating together.
 //!
 //! Each sequence gets the same short chat prompt (its prefill is done and awaited
 //! before the clock starts), then all generate exactly `new_tokens` tokens greedily
@@ -23,6 +23,9 @@ pub struct DecodeSpeed {
     pub batch: usize,
     pub new_tokens: usize,
     pub tokens_per_second: f64,
+    /// treegrpo's figure at the same batch divided by this one (peer rows only;
+    /// filled by the report).
+    pub treegrpo_ratio: Option<f64>,
 }
 
 /// The prompt every decode measurement uses (ours and the peer's).
@@ -66,6 +69,7 @@ pub async fn engine_decode_tokens_per_second(
         batch: seqs.len(),
         new_tokens,
         tokens_per_second: tokens as f64 / seconds.max(1e-9),
+        treegrpo_ratio: None,
     })
 }
 
@@ -88,5 +92,25 @@ pub async fn peer_decode_tokens_per_second(
         batch,
         new_tokens,
         tokens_per_second,
+        treegrpo_ratio: None,
+    })
+}
+
+/// Decode tokens/s of llama.cpp at `batch` sequences on the same prompt ids as
+/// [`engine_decode_tokens_per_second`] (the same quantity: see `peer::llamacpp_speed`).
+#[cfg(feature = "llamacpp")]
+pub fn llamacpp_decode_tokens_per_second(
+    peer: &crate::peer::LlamaCppPeer,
+    model: &LoadedModel,
+    batch: usize,
+    new_tokens: usize,
+) -> Result<DecodeSpeed, crate::peer::PeerError> {
+    let prompt = decode_prompt(model)?;
+    Ok(DecodeSpeed {
+        engine: "llama.cpp",
+        batch,
+        new_tokens,
+        tokens_per_second: peer.decode_tokens_per_second(&prompt, batch, new_tokens)?,
+        treegrpo_ratio: None,
     })
 }

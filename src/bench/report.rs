@@ -5,6 +5,7 @@ use serde::Serialize;
 
 use super::decode::DecodeSpeed;
 use super::modes::{BenchRun, BenchSettings, ModeKind};
+use super::prefill::PrefillSpeed;
 
 /// Where the figures were measured.
 #[derive(Debug, Clone, Serialize)]
@@ -53,11 +54,37 @@ pub struct BenchReport {
     pub settings: BenchSettings,
     pub runs: Vec<BenchRun>,
     pub decode: Vec<DecodeSpeed>,
+    pub prefill: Vec<PrefillSpeed>,
 }
 
 impl BenchReport {
-    /// Fills in every run's ratios against the first `chain` run.
+    /// Fills in every run's ratios against the first `chain` run, and every peer's
+    /// decode and prefill figure's ratio to ours at the same batch or prompt length.
     pub fn fill_ratios(&mut self) {
+        let ours = |d: &DecodeSpeed| d.engine == "treegrpo";
+        let decode_ours: Vec<DecodeSpeed> = self.decode.iter().filter(|d| ours(d)).copied().collect();
+        for d in self.decode.iter_mut().filter(|d| !ours(d)) {
+            d.treegrpo_ratio = decode_ours
+                .iter()
+                .find(|o| o.batch == d.batch && o.new_tokens == d.new_tokens)
+                .and_then(|o| ratio(o.tokens_per_second, d.tokens_per_second));
+        }
+        let prefill_ours: Vec<PrefillSpeed> = self
+            .prefill
+            .iter()
+            .filter(|p| p.engine == "treegrpo")
+            .copied()
+            .collect();
+        for p in self.prefill.iter_mut().filter(|p| p.engine != "treegrpo") {
+            p.treegrpo_ratio = prefill_ours
+                .iter()
+                .find(|o| o.tokens == p.tokens)
+                .and_then(|o| ratio(o.tokens_per_second, p.tokens_per_second));
+        }
+        self.fill_run_ratios();
+    }
+
+    fn fill_run_ratios(&mut self) {
         let Some(chain) = self
             .runs
             .iter()
@@ -132,11 +159,32 @@ pub fn markdown(report: &BenchReport) -> String {
         );
     }
     if !report.decode.is_empty() {
-        s.push_str("\n| engine | batch | new tokens each | decode tokens/s |\n|---|---|---|---|\n");
+        s.push_str(
+            "\n| engine | batch | new tokens each | decode tokens/s | treegrpo ÷ this |\n\
+             |---|---|---|---|---|\n",
+        );
         for d in &report.decode {
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} |\n",
-                d.engine, d.batch, d.new_tokens, d.tokens_per_second
+                "| {} | {} | {} | {:.1} | {} |\n",
+                d.engine,
+                d.batch,
+                d.new_tokens,
+                d.tokens_per_second,
+                fmt_ratio(d.treegrpo_ratio)
+            ));
+        }
+    }
+    if !report.prefill.is_empty() {
+        s.push_str(
+            "\n| engine | prompt tokens | prefill tokens/s | treegrpo ÷ this |\n|---|---|---|---|\n",
+        );
+        for p in &report.prefill {
+            s.push_str(&format!(
+                "| {} | {} | {:.1} | {} |\n",
+                p.engine,
+                p.tokens,
+                p.tokens_per_second,
+                fmt_ratio(p.treegrpo_ratio)
             ));
         }
     }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use clap::Args;
 use treegrpo::bench::{
-    default_modes, engine_decode_tokens_per_second, machine_info, markdown, run_mode, BenchMode,
-    BenchReport, BenchSettings, DecodeSpeed, ModeKind,
+    default_modes, engine_decode_tokens_per_second, engine_prefill_tokens_per_second,
+    machine_info, markdown, prefill_prompt, run_mode, BenchMode, BenchReport, BenchSettings,
+    DecodeSpeed, ModeKind,
 };
 use treegrpo::engine::Sampling;
 
@@ -32,6 +33,12 @@ pub struct BenchArgs {
     /// Tokens each sequence generates in the decode measurement.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
+    /// Prompt length of the prefill measurement (0: skip it).
+    #[arg(long, default_value_t = 256)]
+    pub prefill_tokens: usize,
+    /// Timed prefill runs (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub prefill_runs: usize,
     /// KV cache budget in MiB (default: a quarter of the available memory, between
     /// 512 MiB and 8 GiB). A smaller pool is slower, never wrong: sequences that do
     /// not fit at once are preempted and recomputed.
@@ -111,6 +118,19 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         settings,
         runs: Vec::new(),
         decode: Vec::new(),
+        prefill: Vec::new(),
+    };
+    // llama.cpp (feature `llamacpp`) is measured beside every decode and prefill
+    // figure of ours, on the forward's thread count.
+    #[cfg(feature = "llamacpp")]
+    let llamacpp = if a.decode_batches.is_empty() && a.prefill_tokens == 0 {
+        None
+    } else {
+        eprintln!("loading {} into llama.cpp …", model_path.display());
+        Some(treegrpo::peer::LlamaCppPeer::load(
+            &model_path,
+            report.machine.forward_threads,
+        )?)
     };
     let n = rows.len();
     for (i, row) in rows.iter().enumerate() {
@@ -178,6 +198,36 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                 a.decode_tokens,
             ))?;
             record_decode(&mut report, speed)?;
+        }
+        #[cfg(feature = "llamacpp")]
+        if let Some(peer) = &llamacpp {
+            eprintln!("llama.cpp decode speed at batch {batch} …");
+            let speed = treegrpo::bench::llamacpp_decode_tokens_per_second(
+                peer,
+                &model,
+                batch,
+                a.decode_tokens,
+            )?;
+            record_decode(&mut report, speed)?;
+        }
+    }
+    if a.prefill_tokens > 0 {
+        let prompt = prefill_prompt(&model, a.prefill_tokens)?;
+        eprintln!("prefill speed of {} tokens …", prompt.len());
+        let speed = rt.block_on(engine_prefill_tokens_per_second(
+            &model,
+            &prompt,
+            a.prefill_runs,
+        ))?;
+        eprintln!("{}", serde_json::to_string(&speed)?);
+        report.prefill.push(speed);
+        #[cfg(feature = "llamacpp")]
+        if let Some(peer) = &llamacpp {
+            eprintln!("llama.cpp prefill speed of {} tokens …", prompt.len());
+            let speed =
+                treegrpo::bench::llamacpp_prefill_tokens_per_second(peer, &prompt, a.prefill_runs)?;
+            eprintln!("{}", serde_json::to_string(&speed)?);
+            report.prefill.push(speed);
         }
     }
     report.fill_ratios();

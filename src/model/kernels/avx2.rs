@@ -73,12 +73,13 @@ impl Lanes for Avx2 {
                 lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(8));
                 hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(8));
             }
-            let a = _mm256_mul_ps(_mm256_cvtepi32_ps(lo), d);
-            let b = _mm256_mul_ps(_mm256_cvtepi32_ps(hi), d);
+            // `q·d` is exact (a 4-bit integer times an f16 scale fits f32's 24 bits),
+            // so one fma rounds `q·d + m` exactly as a multiply and an add would.
+            let (lo, hi) = (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
             if OFFSET {
-                (_mm256_add_ps(a, m), _mm256_add_ps(b, m))
+                (_mm256_fmadd_ps(lo, d, m), _mm256_fmadd_ps(hi, d, m))
             } else {
-                (a, b)
+                (_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d))
             }
         };
         let (a0, b0) = half(at, d.0, m.0);

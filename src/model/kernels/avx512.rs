@@ -53,12 +53,13 @@ impl Lanes for Avx512 {
             lo = _mm512_sub_epi32(lo, _mm512_set1_epi32(8));
             hi = _mm512_sub_epi32(hi, _mm512_set1_epi32(8));
         }
-        let a = _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d);
-        let b = _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d);
+        // `q·d` is exact (a 4-bit integer times an f16 scale fits f32's 24 bits),
+        // so one fma rounds `q·d + m` exactly as a multiply and an add would.
+        let (lo, hi) = (_mm512_cvtepi32_ps(lo), _mm512_cvtepi32_ps(hi));
         if OFFSET {
-            (_mm512_add_ps(a, m), _mm512_add_ps(b, m))
+            (_mm512_fmadd_ps(lo, d, m), _mm512_fmadd_ps(hi, d, m))
         } else {
-            (a, b)
+            (_mm512_mul_ps(lo, d), _mm512_mul_ps(hi, d))
         }
     }
     #[inline(always)]

@@ -32,7 +32,9 @@ pub(super) trait Lanes {
     unsafe fn widen_bf16(at: *const u16) -> Self::V;
     unsafe fn widen_f16(at: *const u16) -> Self::V;
     /// Sixteen bytes of Q4 nibble pairs as the weights at `k` (low) and `k + 1` (high):
-    /// `(q − 8)·d` without an offset, `q·d + m` with one.
+    /// `(q − 8)·d` without an offset, `q·d + m` with one. The scales `d` are f16
+    /// values (GGUF stores them so), which makes `q·d` exact in f32: a variant may
+    /// compute `q·d + m` as one fma, the same single rounding as multiply-then-add.
     unsafe fn q4_pair<const OFFSET: bool>(
         at: *const u8,
         d: Self::V,
