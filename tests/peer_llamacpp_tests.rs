@@ -31,11 +31,16 @@ fn llamacpp_generates_from_our_prompt_ids() {
     let text = ours.tokenizer.decode(&tokens).unwrap();
     eprintln!("llama.cpp, greedy: {text:?}");
     assert_eq!(tokens.len(), 16);
-    assert!(tokens.iter().all(|&t| (t as usize) < ours.model.config().vocab_size));
+    assert!(tokens
+        .iter()
+        .all(|&t| (t as usize) < ours.model.config().vocab_size));
     // Greedy decoding is deterministic: the same ids give the same continuation.
     assert_eq!(peer.greedy_tokens(&prompt, 16).unwrap(), tokens);
     // A model run on garbage would not produce words from a chat prompt.
-    assert!(text.chars().filter(|c| c.is_alphabetic()).count() >= 8, "{text:?}");
+    assert!(
+        text.chars().filter(|c| c.is_alphabetic()).count() >= 8,
+        "{text:?}"
+    );
 }
 
 #[test]

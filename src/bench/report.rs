@@ -50,6 +50,8 @@ pub struct BenchReport {
     pub model: String,
     /// `native`, `f32` or `bf16`: the weights the engine served (`--weights`).
     pub weights: String,
+    /// `exact` or `fast` (`--precision`).
+    pub precision: String,
     pub task: String,
     pub settings: BenchSettings,
     pub runs: Vec<BenchRun>,
@@ -62,7 +64,8 @@ impl BenchReport {
     /// decode and prefill figure's ratio to ours at the same batch or prompt length.
     pub fn fill_ratios(&mut self) {
         let ours = |d: &DecodeSpeed| d.engine == "treegrpo";
-        let decode_ours: Vec<DecodeSpeed> = self.decode.iter().filter(|d| ours(d)).copied().collect();
+        let decode_ours: Vec<DecodeSpeed> =
+            self.decode.iter().filter(|d| ours(d)).copied().collect();
         for d in self.decode.iter_mut().filter(|d| !ours(d)) {
             d.treegrpo_ratio = decode_ours
                 .iter()

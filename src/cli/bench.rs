@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use clap::Args;
 use treegrpo::bench::{
-    default_modes, engine_decode_tokens_per_second, engine_prefill_tokens_per_second,
-    machine_info, markdown, prefill_prompt, run_mode, BenchMode, BenchReport, BenchSettings,
-    DecodeSpeed, ModeKind,
+    default_modes, engine_decode_tokens_per_second, engine_prefill_tokens_per_second, machine_info,
+    markdown, prefill_prompt, run_mode, BenchMode, BenchReport, BenchSettings, DecodeSpeed,
+    ModeKind,
 };
 use treegrpo::engine::Sampling;
 
@@ -52,6 +52,8 @@ pub struct BenchArgs {
     /// trainer's weights are served as).
     #[arg(long, default_value = "native")]
     pub weights: ServedWeights,
+    #[command(flatten)]
+    pub precision: super::flags::PrecisionFlag,
     /// Print JSON instead of the markdown table.
     #[arg(long)]
     pub json: bool,
@@ -84,7 +86,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         treegrpo::model::fetch::model_path_or_default(a.source.model.as_deref(), &mut |m| {
             eprintln!("{m}")
         })?;
-    let model = Arc::new(a.weights.load(&model_path)?);
+    let model = Arc::new(a.precision.apply(a.weights.load(&model_path)?)?);
     let data = a.source.data();
     let (env, samples) = a.source.task.setup(&data, a.step.turns, a.prompts)?;
     let settings = BenchSettings {
@@ -114,6 +116,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         machine: machine_info(),
         model: model_path.display().to_string(),
         weights: format!("{:?}", a.weights).to_lowercase(),
+        precision: a.precision.precision.name().to_string(),
         task: format!("{:?}", a.source.task),
         settings,
         runs: Vec::new(),

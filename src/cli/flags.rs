@@ -1,6 +1,7 @@
 //! Flag groups several commands share: the task, its data and the model (`rollout`,
-//! `bench`, `sft`, `train`), the search's shape and sampling (`rollout`, `train`) and
-//! the update's settings (`update`, `train`).
+//! `bench`, `sft`, `train`), the search's shape and sampling (`rollout`, `train`), the
+//! update's settings (`update`, `train`) and the serving precision (`generate`,
+//! `rollout`, `bench`, `serve`).
 
 use std::path::PathBuf;
 
@@ -23,6 +24,36 @@ pub struct TaskFlags {
     /// A .gguf file or an HF directory (default: the default model).
     #[arg(long)]
     pub model: Option<PathBuf>,
+}
+
+/// `--precision`: the arithmetic the model is served with.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct PrecisionFlag {
+    /// `exact` (f32 activations against each weight's exact value: logits match
+    /// candle-transformers, what the trainer recomputes) or `fast` (8-bit activations
+    /// and integer dot products on Q4_0/Q4_1/Q8_0 layers, as llama.cpp computes; logits
+    /// drift, see the README's "Precision").
+    #[arg(long, default_value = "exact")]
+    pub precision: treegrpo::model::Precision,
+}
+
+impl PrecisionFlag {
+    /// `model` served at the chosen precision (a note on stderr where the fast mode
+    /// has no VNNI kernel on this CPU and runs its scalar one).
+    pub fn apply(
+        self,
+        model: treegrpo::model::LoadedModel,
+    ) -> anyhow::Result<treegrpo::model::LoadedModel> {
+        if self.precision == treegrpo::model::Precision::Fast
+            && !treegrpo::model::kernels::int8::vnni_available()
+        {
+            eprintln!(
+                "note: this CPU has no AVX-512 VNNI; --precision fast runs its scalar \
+                 kernel (the same values, much slower than exact)"
+            );
+        }
+        Ok(model.with_precision(self.precision)?)
+    }
 }
 
 impl TaskFlags {

@@ -27,10 +27,12 @@ pub struct GenerateArgs {
     /// Feed the prompt as is, without the model's chat template.
     #[arg(long)]
     raw: bool,
+    #[command(flatten)]
+    precision: super::flags::PrecisionFlag,
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
-    let m = super::load_model(a.model.as_deref())?;
+    let m = a.precision.apply(super::load_model(a.model.as_deref())?)?;
     let prompt = if a.raw {
         m.tokenizer.encode_prompt(&a.prompt)?
     } else {

@@ -15,6 +15,8 @@ use treegrpo::rollout::{
 pub struct RolloutArgs {
     #[command(flatten)]
     pub source: super::flags::TaskFlags,
+    #[command(flatten)]
+    pub precision: super::flags::PrecisionFlag,
     /// Number of prompts (questions) to roll out.
     #[arg(long, default_value_t = 8)]
     pub prompts: usize,
@@ -102,7 +104,10 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
     a.tree.check()?;
     let cfg = a.tree_config();
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
-    let model = Arc::new(super::load_model(a.source.model.as_deref())?);
+    let model = Arc::new(
+        a.precision
+            .apply(super::load_model(a.source.model.as_deref())?)?,
+    );
     let engine = Engine::start(
         model,
         EngineConfig {

@@ -50,6 +50,8 @@ pub struct ServeArgs {
     /// The model id /v1/models lists (default: the model file's name).
     #[arg(long)]
     served_model_name: Option<String>,
+    #[command(flatten)]
+    precision: super::flags::PrecisionFlag,
 }
 
 fn seconds(flag: &str, s: f64) -> anyhow::Result<Duration> {
@@ -62,7 +64,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let path = treegrpo::model::fetch::model_path_or_default(a.model.as_deref(), &mut |m| {
         eprintln!("{m}")
     })?;
-    let model = Arc::new(treegrpo::model::LoadedModel::load(&path)?);
+    let model = Arc::new(
+        a.precision
+            .apply(treegrpo::model::LoadedModel::load(&path)?)?,
+    );
     let name = a.served_model_name.clone().unwrap_or_else(|| {
         path.file_stem().or_else(|| path.file_name()).map_or_else(
             || "treegrpo".to_string(),

@@ -7,7 +7,8 @@ use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 
 use super::error::ModelError;
-use super::kernels::{Epilogue, PackedMatrix, WeightFormat};
+use super::kernels::{Epilogue, Int8Matrix, PackedMatrix, WeightFormat};
+use super::precision::Precision;
 use super::team::{Member, SharedBuf};
 
 /// `y = x · Wᵀ + b` for `x: [rows, in]`, `W: [out, in]`, on plain f32 slices.
@@ -23,6 +24,8 @@ pub struct Linear {
 enum LinearWeight {
     /// f32 / bf16 / f16 / Q4_0 / Q4_1 / Q8_0 through our batch-invariant kernels.
     Packed(PackedMatrix),
+    /// Q4_0 / Q4_1 / Q8_0 with 8-bit activations (the fast precision mode).
+    Int8(Int8Matrix),
     /// Other quantised formats (K-quants) through candle's kernel, which is also
     /// row-independent (it quantises and multiplies each row on its own).
     Candle(QMatMul),
@@ -84,7 +87,7 @@ impl Linear {
     pub fn packed_weights(&self) -> Option<&PackedMatrix> {
         match &self.weight {
             LinearWeight::Packed(m) => Some(m),
-            LinearWeight::Candle(_) => None,
+            LinearWeight::Int8(_) | LinearWeight::Candle(_) => None,
         }
     }
 
@@ -94,6 +97,7 @@ impl Linear {
     pub fn dense_weight(&self) -> Result<Vec<f32>, ModelError> {
         match &self.weight {
             LinearWeight::Packed(w) => Ok(w.to_dense()),
+            LinearWeight::Int8(w) => Ok(w.to_dense()),
             LinearWeight::Candle(QMatMul::QTensor(q)) => Ok(q
                 .dequantize(&Device::Cpu)?
                 .flatten_all()?
@@ -128,11 +132,38 @@ impl Linear {
         })
     }
 
+    /// The layer served at `precision`: for [`Precision::Fast`], a Q4_0 / Q4_1 / Q8_0
+    /// layer relaid out for 8-bit activations; any other layer (and every layer for
+    /// [`Precision::Exact`]) as it is, exact.
+    pub fn at_precision(&self, precision: Precision) -> Result<Linear, ModelError> {
+        let weight = match (&self.weight, precision) {
+            (LinearWeight::Packed(m), Precision::Fast) if m.format().is_quantized() => {
+                LinearWeight::Int8(Int8Matrix::from_packed(m)?)
+            }
+            (LinearWeight::Int8(m), Precision::Fast) => LinearWeight::Int8(m.clone()),
+            (LinearWeight::Int8(m), Precision::Exact) => {
+                // Back to exact: the codes give the original values exactly.
+                let dense =
+                    PackedMatrix::from_f32(m.out_features(), m.in_features(), &m.to_dense())?;
+                LinearWeight::Packed(dense)
+            }
+            (LinearWeight::Packed(m), _) => LinearWeight::Packed(m.clone()),
+            (LinearWeight::Candle(m), _) => LinearWeight::Candle(m.clone()),
+        };
+        Ok(Linear {
+            weight,
+            bias: self.bias.clone(),
+            in_features: self.in_features,
+            out_features: self.out_features,
+        })
+    }
+
     /// Applies the layer to `rows` rows of `x`, returning `[rows, out]` (threads from
     /// rayon's pool).
     pub fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
         let mut y = match &self.weight {
             LinearWeight::Packed(w) => w.matmul(x, rows),
+            LinearWeight::Int8(w) => w.matmul(x, rows),
             LinearWeight::Candle(w) => candle_forward(w, x, rows, self.in_features)?,
         };
         if let Some(b) = &self.bias {
@@ -162,6 +193,13 @@ impl Linear {
             LinearWeight::Packed(w) => {
                 let panels: Range<usize> = member.share(w.panels());
                 // SAFETY: members' panel shares are disjoint, so are their columns.
+                let sink =
+                    unsafe { out.sink(width, width, epilogue) }.with_bias(self.bias.as_deref());
+                w.gemm_panels(x, rows, panels, &sink);
+            }
+            LinearWeight::Int8(w) => {
+                let panels: Range<usize> = member.share(w.panels());
+                // SAFETY: as above.
                 let sink =
                     unsafe { out.sink(width, width, epilogue) }.with_bias(self.bias.as_deref());
                 w.gemm_panels(x, rows, panels, &sink);

@@ -62,6 +62,12 @@ impl LoadedModel {
         Ok(self)
     }
 
+    /// The same model served at `precision` (see [`super::Precision`]).
+    pub fn with_precision(mut self, precision: super::Precision) -> Result<Self, ModelError> {
+        self.model = Arc::new(self.model.at_precision(precision)?);
+        Ok(self)
+    }
+
     /// Renders `messages` with the chat template and tokenises the result, ready for
     /// the assistant's reply.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, ModelError> {

@@ -24,6 +24,7 @@ pub mod kernels;
 pub mod linear;
 mod load;
 pub mod ops;
+pub mod precision;
 pub mod safetensors;
 pub mod team;
 pub mod tokenizer;
@@ -35,6 +36,7 @@ pub use config::{Architecture, ModelConfig, RopeStyle};
 pub use error::ModelError;
 pub use forward::{BatchSeq, ForwardBatch, LogitsWanted, Model, SeqLogits};
 pub use load::LoadedModel;
+pub use precision::Precision;
 pub use tokenizer::Tokenizer;
 
 /// A token id in the model's vocabulary.

@@ -148,7 +148,20 @@ impl Model {
     /// A copy with every linear layer held dense in `format` (see
     /// [`Linear::to_dense`]); norms, embedding and RoPE are shared values, copied.
     pub fn densified(&self, format: super::kernels::WeightFormat) -> Result<Model, ModelError> {
-        let d = |l: &Linear| l.to_dense(format);
+        self.map_linears(|l| l.to_dense(format))
+    }
+
+    /// A copy whose linear layers are served at `precision` (see
+    /// [`Linear::at_precision`]).
+    pub fn at_precision(&self, precision: super::Precision) -> Result<Model, ModelError> {
+        self.map_linears(|l| l.at_precision(precision))
+    }
+
+    /// A copy with `d` applied to every linear layer, the rest copied.
+    fn map_linears(
+        &self,
+        d: impl Fn(&Linear) -> Result<Linear, ModelError>,
+    ) -> Result<Model, ModelError> {
         let layers = self
             .layers
             .iter()

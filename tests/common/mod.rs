@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod batch;
 pub mod http;
 pub mod oracle;
 pub mod rng;

@@ -8,6 +8,9 @@
 //!   set, chosen at run time ([`Isa::active`]), so one binary uses what the CPU has.
 //! - [`rows`]: attention's row loops on the same lanes ([`dot_rows`] for scores,
 //!   [`weighted_sum`] for values), bit-identical on every variant too.
+//! - [`int8`] (and `int8_vnni.rs`): the fast precision mode's matmul, 8-bit
+//!   activations against the block quants with integer dot products, as llama.cpp
+//!   does; not exact, but still batch-invariant and equal on its two variants.
 //!
 //! The crate is still compiled with `+avx2,+fma,+f16c` (`.cargo/config.toml`) because
 //! candle's K-quant kernels choose their code at compile time; our dispatch is what
@@ -30,6 +33,9 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod int8;
+#[cfg(target_arch = "x86_64")]
+mod int8_vnni;
 pub mod packed;
 pub mod rows;
 mod scalar;
@@ -40,6 +46,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rayon::prelude::*;
 
+pub use int8::Int8Matrix;
 pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
 pub use rows::dot_fixed;
 

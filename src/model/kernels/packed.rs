@@ -273,6 +273,40 @@ impl PackedMatrix {
         }
     }
 
+    /// A block format's unsigned code for weight `(o, k)`: the Q4 nibble, or the Q8_0
+    /// byte plus 128 (see `int8` for how codes, scales and offsets give the weight).
+    pub(super) fn block_code(&self, o: usize, k: usize) -> u8 {
+        let (p, lane, b, j) = (o / PANEL, o % PANEL, k / BLOCK, k % BLOCK);
+        let slot = (p * self.blocks() + b) * PANEL;
+        match self.format {
+            WeightFormat::Q8_0 => {
+                (self.bytes[slot * 32 + j * PANEL + lane] as i8 as i16 + 128) as u8
+            }
+            _ => {
+                let byte = self.bytes[(slot * 16) + (j / 2) * PANEL + lane];
+                if j % 2 == 0 {
+                    byte & 0x0F
+                } else {
+                    byte >> 4
+                }
+            }
+        }
+    }
+
+    /// A block format's scale `d` for output `o`, block `b`.
+    pub(super) fn block_scale(&self, o: usize, b: usize) -> f32 {
+        self.f32s[(o / PANEL * self.blocks() + b) * PANEL + o % PANEL]
+    }
+
+    /// Q4_1's stored offset `m` for output `o`, block `b` (0 for the other formats).
+    pub(super) fn block_offset(&self, o: usize, b: usize) -> f32 {
+        if self.offsets.is_empty() {
+            0.0
+        } else {
+            self.offsets[(o / PANEL * self.blocks() + b) * PANEL + o % PANEL]
+        }
+    }
+
     /// Output row `o`'s weights as f32, exactly as the kernels read them.
     pub fn dequantize_row(&self, o: usize, dst: &mut [f32]) {
         for (k, v) in dst.iter_mut().enumerate().take(self.inp) {

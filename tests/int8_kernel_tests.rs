@@ -1,0 +1,243 @@
+//! The fast precision mode (`kernels::int8`, `Precision::Fast`) against references:
+//!
+//! - its matmul equals an f64 recompute of the module's formula (activations
+//!   quantised to 8 bits per block of 32, integer dot products, per-block scaling),
+//!   and stays within the quantisation error bound of the exact product;
+//! - the VNNI variant (where the CPU has it) and the scalar one agree bit for bit,
+//!   and a row's outputs are bit-identical alone and in any batch;
+//! - the relaid-out codes give back exactly the matrix's values;
+//! - on the default model: batch invariance of the whole forward, and the drift of
+//!   its logprobs from the exact path, measured and bounded.
+
+mod common;
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use common::batch::{assert_batch_invariant, run_steps};
+use treegrpo::model::kernels::int8::vnni_available;
+use treegrpo::model::kernels::{Epilogue, Int8Matrix, OutputSink, PackedMatrix, WeightFormat};
+use treegrpo::model::{ChatMessage, LoadedModel, Precision};
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+const QUANT: [(GgmlDType, WeightFormat); 3] = [
+    (GgmlDType::Q4_0, WeightFormat::Q4_0),
+    (GgmlDType::Q4_1, WeightFormat::Q4_1),
+    (GgmlDType::Q8_0, WeightFormat::Q8_0),
+];
+
+fn matrix(
+    dtype: GgmlDType,
+    format: WeightFormat,
+    out: usize,
+    inp: usize,
+    seed: u64,
+) -> PackedMatrix {
+    let t = Tensor::from_vec(Lcg(seed).vec(out * inp), (out, inp), &Device::Cpu).unwrap();
+    let q = QTensor::quantize(&t, dtype).unwrap();
+    PackedMatrix::from_ggml(format, out, inp, &q.data().unwrap()).unwrap()
+}
+
+/// `[rows, out]` through the active int8 variant (VNNI where available) or scalar.
+fn int8_matmul(m: &Int8Matrix, x: &[f32], rows: usize, scalar: bool) -> Vec<f32> {
+    let mut y = vec![0f32; rows * m.out_features()];
+    let sink = OutputSink::new(&mut y, m.out_features(), m.out_features(), Epilogue::Store);
+    if scalar {
+        m.gemm_panels_scalar(x, rows, 0..m.panels(), &sink);
+    } else {
+        m.gemm_panels(x, rows, 0..m.panels(), &sink);
+    }
+    y
+}
+
+/// The module's formula recomputed from scratch in f64: each activation block rounded
+/// to `dx · xq` (`dx = max|x| / 127`, ties to even), times the exact weights.
+fn reference(w: &[f32], x: &[f32], out: usize, inp: usize, rows: usize) -> Vec<f64> {
+    let mut xr = vec![0f64; rows * inp];
+    for (src, dst) in x.chunks(32).zip(xr.chunks_mut(32)) {
+        let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        for (v, r) in src.iter().zip(dst) {
+            *r = d as f64 * (v * id).round_ties_even().clamp(-127.0, 127.0) as f64;
+        }
+    }
+    let mut y = vec![0f64; rows * out];
+    for r in 0..rows {
+        for o in 0..out {
+            y[r * out + o] = (0..inp)
+                .map(|k| w[o * inp + k] as f64 * xr[r * inp + k])
+                .sum();
+        }
+    }
+    y
+}
+
+#[test]
+fn int8_matmul_equals_the_quantised_formula_and_stays_within_its_error_bound() {
+    eprintln!("VNNI variant available: {}", vnni_available());
+    for (dtype, format) in QUANT {
+        for (out, inp, rows) in [(1, 32, 1), (17, 64, 3), (40, 576, 9), (33, 1536, 20)] {
+            let packed = matrix(dtype, format, out, inp, 5);
+            let m = Int8Matrix::from_packed(&packed).unwrap();
+            let w = packed.to_dense();
+            let x = Lcg(77).vec(rows * inp);
+            let got = int8_matmul(&m, &x, rows, false);
+            let want = reference(&w, &x, out, inp, rows);
+            for r in 0..rows {
+                for o in 0..out {
+                    let i = r * out + o;
+                    let scale: f64 = (0..inp)
+                        .map(|k| (w[o * inp + k] as f64 * x[r * inp + k] as f64).abs())
+                        .sum();
+                    // f32 rounding of the per-block steps only: the integer sums are exact.
+                    assert!(
+                        (got[i] as f64 - want[i]).abs() <= 1e-5 * scale.max(1.0),
+                        "{format:?} {out}x{inp} row {r} out {o}: {} vs {}",
+                        got[i],
+                        want[i]
+                    );
+                    // Against the exact product: each activation moved by at most half
+                    // a quantisation step, dx / 2 = max|x_block| / 254.
+                    let exact: f64 = (0..inp)
+                        .map(|k| w[o * inp + k] as f64 * x[r * inp + k] as f64)
+                        .sum();
+                    let bound: f64 = (0..inp)
+                        .map(|k| {
+                            let blk = &x[r * inp + k / 32 * 32..][..32];
+                            let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs())) as f64;
+                            (w[o * inp + k] as f64).abs() * amax / 254.0
+                        })
+                        .sum();
+                    assert!(
+                        (got[i] as f64 - exact).abs() <= bound * 1.001 + 1e-5 * scale.max(1.0),
+                        "{format:?}: error {} past the quantisation bound {bound}",
+                        (got[i] as f64 - exact).abs()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_variants_agree_bit_for_bit_and_rows_are_batch_invariant() {
+    for (dtype, format) in QUANT {
+        let (out, inp) = (50, 576);
+        let m = Int8Matrix::from_packed(&matrix(dtype, format, out, inp, 9)).unwrap();
+        for rows in [1, 2, 7, 8, 9, 33] {
+            let x = Lcg(rows as u64).vec(rows * inp);
+            let fast = int8_matmul(&m, &x, rows, false);
+            let scalar = int8_matmul(&m, &x, rows, true);
+            assert!(
+                fast == scalar,
+                "{format:?} rows {rows}: VNNI and scalar differ"
+            );
+            for r in 0..rows {
+                let alone = int8_matmul(&m, &x[r * inp..(r + 1) * inp], 1, false);
+                assert!(
+                    alone[..] == fast[r * out..(r + 1) * out],
+                    "{format:?}: row {r} of {rows} differs alone"
+                );
+            }
+            // Any split of the panels gives the same outputs.
+            let mut split = vec![0f32; rows * out];
+            let sink = OutputSink::new(&mut split, out, out, Epilogue::Store);
+            m.gemm_panels(&x, rows, 0..1, &sink);
+            m.gemm_panels(&x, rows, 1..m.panels(), &sink);
+            assert!(split == fast, "{format:?} rows {rows}: split panels differ");
+        }
+    }
+}
+
+#[test]
+fn int8_codes_give_back_the_matrix_exactly() {
+    for (dtype, format) in QUANT {
+        let packed = matrix(dtype, format, 37, 96, 3);
+        let m = Int8Matrix::from_packed(&packed).unwrap();
+        assert_eq!(m.source_format(), format);
+        assert_eq!(m.to_dense(), packed.to_dense(), "{format:?}");
+    }
+    let dense = PackedMatrix::from_f32(4, 32, &[0.5; 128]).unwrap();
+    assert!(Int8Matrix::from_packed(&dense).is_err());
+}
+
+/// log-softmax of a row, in f64.
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v)) as f64;
+    let lse = row
+        .iter()
+        .map(|&v| (v as f64 - max).exp())
+        .sum::<f64>()
+        .ln()
+        + max;
+    row.iter().map(|&v| v as f64 - lse).collect()
+}
+
+#[test]
+fn fast_default_model_is_batch_invariant_and_its_drift_is_bounded() {
+    let path = common::default_model();
+    let exact = LoadedModel::load(&path).unwrap();
+    let fast = LoadedModel::load(&path)
+        .unwrap()
+        .with_precision(Precision::Fast)
+        .unwrap();
+    let tokens = exact
+        .chat_prompt(&[ChatMessage::new(
+            "user",
+            "Write a short story about a lighthouse keeper and a storm.",
+        )])
+        .unwrap();
+    let fast_logits = assert_batch_invariant(&fast, &tokens, "fast default model");
+    let exact_logits = run_steps(&exact, 1, &[vec![(0, tokens.clone())]]).remove(0);
+    assert_eq!(fast_logits.len(), exact_logits.len());
+
+    // Drift at every position: |Δ logprob| of the token that follows, KL(exact‖fast).
+    let (mut sum_abs, mut max_abs, mut sum_kl, mut max_kl, mut same_argmax) =
+        (0.0, 0f64, 0.0, 0f64, 0);
+    let n = tokens.len() - 1;
+    for pos in 0..n {
+        let (pe, pf) = (
+            log_softmax(&exact_logits[pos]),
+            log_softmax(&fast_logits[pos]),
+        );
+        let next = tokens[pos + 1] as usize;
+        let d = (pe[next] - pf[next]).abs();
+        sum_abs += d;
+        max_abs = max_abs.max(d);
+        let kl: f64 = pe.iter().zip(&pf).map(|(a, b)| a.exp() * (a - b)).sum();
+        sum_kl += kl;
+        max_kl = max_kl.max(kl);
+        same_argmax +=
+            (common::argmax(&exact_logits[pos]) == common::argmax(&fast_logits[pos])) as usize;
+    }
+    eprintln!(
+        "fast vs exact over {n} positions: mean |Δ logprob| {:.4}, max {:.4}; mean KL {:.5}, max {:.5}; argmax agrees at {same_argmax}/{n}",
+        sum_abs / n as f64,
+        max_abs,
+        sum_kl / n as f64,
+        max_kl
+    );
+    // The fast path is an approximation of the same model, not another model.
+    assert!(sum_kl / n as f64 <= 0.05, "mean KL {}", sum_kl / n as f64);
+    assert!(
+        same_argmax * 10 >= n * 8,
+        "argmax agrees at only {same_argmax}/{n}"
+    );
+    assert!(
+        sum_abs / n as f64 > 0.0,
+        "the fast path changed nothing: is it running?"
+    );
+}
