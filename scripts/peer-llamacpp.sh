@@ -12,7 +12,9 @@
 # llama.cpp gets this CPU's SIMD extensions the way its own native build would
 # (GGML_NATIVE): llama-cpp-sys-2 turns GGML_NATIVE off unless rustc itself targets
 # `native`, which would change our binary too, so the extensions are passed as the
-# GGML_* cmake options it forwards, read from /proc/cpuinfo.
+# GGML_* cmake options it forwards, read from /proc/cpuinfo. llama-cpp-sys-2 reruns
+# cmake only when a GGML_* variable it saw before changes: after adding one, run
+# `cargo clean -p llama-cpp-sys-2 --release` first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The main target directory: llama-cpp-2 changes no feature of our other

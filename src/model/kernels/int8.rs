@@ -187,14 +187,18 @@ impl Int8Matrix {
         assert!(panels.end <= self.panels, "panel range");
         SCRATCH.with(|s| {
             let mut q = s.borrow_mut();
-            q.quantize(x, rows, self.inp);
             #[cfg(target_arch = "x86_64")]
             if vnni_available() {
-                // SAFETY: the CPU runs AVX-512F/BW/VNNI and F16C (checked); bounds
-                // asserted above and inside.
-                unsafe { super::int8_vnni::gemm(self, &q, rows, panels, sink) };
+                q.resize(rows, self.inp);
+                // SAFETY: the CPU runs AVX-512F/BW/VNNI and F16C (checked); `q` is
+                // sized for `rows` rows (above); bounds asserted above and inside.
+                unsafe {
+                    super::int8_vnni::quantize(x, &mut q, rows * self.blocks);
+                    super::int8_vnni::gemm(self, &q, rows, panels, sink);
+                }
                 return;
             }
+            q.quantize(x, rows, self.inp);
             gemm_scalar(self, &q, rows, panels, sink);
         })
     }
@@ -259,13 +263,20 @@ pub(super) struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    fn quantize(&mut self, x: &[f32], rows: usize, inp: usize) {
+    /// Sizes the buffers for `rows` rows of `inp` values.
+    fn resize(&mut self, rows: usize, inp: usize) {
         let blocks = inp / BLOCK;
         self.inp = inp;
         self.blocks = blocks;
         self.q.resize(rows * inp, 0);
         self.dx.resize(rows * blocks, 0.0);
         self.sx.resize(rows * blocks, 0.0);
+    }
+
+    /// The scalar quantisation (the VNNI variant has a vector twin giving the same
+    /// bytes: `int8_vnni::quantize`).
+    fn quantize(&mut self, x: &[f32], rows: usize, inp: usize) {
+        self.resize(rows, inp);
         for (i, (src, dst)) in x[..rows * inp]
             .chunks_exact(BLOCK)
             .zip(self.q.chunks_exact_mut(BLOCK))

@@ -11,6 +11,41 @@ use super::int8::{Int8Matrix, QuantizedRows};
 use super::packed::{BLOCK, PANEL};
 use super::TileSink;
 
+/// [`QuantizedRows`]'s quantisation of `rows` rows of `x`, 32 values at a time in two
+/// registers: the same operations as the scalar loop (`max|x|`, `d = amax / 127`,
+/// `x · (1/d)` rounded to nearest-even, clamped to ±127), so the same bytes.
+///
+/// # Safety
+/// The CPU runs AVX-512F/BW; `x` holds `rows * inp` values, `inp % 32 == 0`, and
+/// `q`'s buffers are sized for them.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn quantize(x: &[f32], q: &mut QuantizedRows, blocks_total: usize) {
+    assert!(x.len() >= blocks_total * BLOCK && q.q.len() >= blocks_total * BLOCK);
+    assert!(q.dx.len() >= blocks_total && q.sx.len() >= blocks_total);
+    let (lo, hi) = (_mm512_set1_epi32(-127), _mm512_set1_epi32(127));
+    for i in 0..blocks_total {
+        let at = x.as_ptr().add(i * BLOCK);
+        let (v0, v1) = (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16)));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+        let q0 = _mm512_min_epi32(
+            _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v0, id)), lo),
+            hi,
+        );
+        let q1 = _mm512_min_epi32(
+            _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(v1, id)), lo),
+            hi,
+        );
+        let dst = q.q.as_mut_ptr().add(i * BLOCK) as *mut __m128i;
+        _mm_storeu_si128(dst, _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128(dst.add(1), _mm512_cvtepi32_epi8(q1));
+        let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        q.dx[i] = d;
+        q.sx[i] = d * sum as f32;
+    }
+}
+
 /// Most rows one pass over a panel's blocks serves (their accumulators stay in
 /// registers next to the panel's eight code vectors).
 const ROW_TILE: usize = 8;
