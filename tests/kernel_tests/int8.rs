@@ -9,45 +9,24 @@
 //! - on the default model: batch invariance of the whole forward, and the drift of
 //!   its logprobs from the exact path, measured and bounded.
 
-mod common;
-
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
-use common::batch::{assert_batch_invariant, run_steps};
+use super::common;
+use super::common::batch::{assert_batch_invariant, run_steps};
+use super::{quantized, Lcg, QUANT};
 use treegrpo::model::kernels::int8::vnni_available;
-use treegrpo::model::kernels::{Epilogue, Int8Matrix, OutputSink, PackedMatrix, WeightFormat};
+use treegrpo::model::kernels::{Epilogue, Int8Matrix, OutputSink, PackedMatrix};
 use treegrpo::model::{ChatMessage, LoadedModel, Precision};
 
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> f32 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
-
-const QUANT: [(GgmlDType, WeightFormat); 3] = [
-    (GgmlDType::Q4_0, WeightFormat::Q4_0),
-    (GgmlDType::Q4_1, WeightFormat::Q4_1),
-    (GgmlDType::Q8_0, WeightFormat::Q8_0),
-];
-
-fn matrix(
-    dtype: GgmlDType,
-    format: WeightFormat,
+/// A quantised `[out, inp]` matrix of `format` (made by candle's quantiser).
+fn quantized_matrix(
+    dtype: candle_core::quantized::GgmlDType,
+    format: treegrpo::model::kernels::WeightFormat,
     out: usize,
     inp: usize,
     seed: u64,
 ) -> PackedMatrix {
-    let t = Tensor::from_vec(Lcg(seed).vec(out * inp), (out, inp), &Device::Cpu).unwrap();
-    let q = QTensor::quantize(&t, dtype).unwrap();
-    PackedMatrix::from_ggml(format, out, inp, &q.data().unwrap()).unwrap()
+    let m = quantized(dtype, out, inp, seed).1;
+    assert_eq!(m.format(), format);
+    m
 }
 
 /// `[rows, out]` through the active int8 variant (VNNI where available) or scalar.
@@ -90,7 +69,7 @@ fn int8_matmul_equals_the_quantised_formula_and_stays_within_its_error_bound() {
     eprintln!("VNNI variant available: {}", vnni_available());
     for (dtype, format) in QUANT {
         for (out, inp, rows) in [(1, 32, 1), (17, 64, 3), (40, 576, 9), (33, 1536, 20)] {
-            let packed = matrix(dtype, format, out, inp, 5);
+            let packed = quantized_matrix(dtype, format, out, inp, 5);
             let m = Int8Matrix::from_packed(&packed).unwrap();
             let w = packed.to_dense();
             let x = Lcg(77).vec(rows * inp);
@@ -136,7 +115,7 @@ fn int8_matmul_equals_the_quantised_formula_and_stays_within_its_error_bound() {
 fn int8_variants_agree_bit_for_bit_and_rows_are_batch_invariant() {
     for (dtype, format) in QUANT {
         let (out, inp) = (50, 576);
-        let m = Int8Matrix::from_packed(&matrix(dtype, format, out, inp, 9)).unwrap();
+        let m = Int8Matrix::from_packed(&quantized_matrix(dtype, format, out, inp, 9)).unwrap();
         for rows in [1, 2, 7, 8, 9, 33] {
             let x = Lcg(rows as u64).vec(rows * inp);
             let fast = int8_matmul(&m, &x, rows, false);
@@ -165,7 +144,7 @@ fn int8_variants_agree_bit_for_bit_and_rows_are_batch_invariant() {
 #[test]
 fn int8_codes_give_back_the_matrix_exactly() {
     for (dtype, format) in QUANT {
-        let packed = matrix(dtype, format, 37, 96, 3);
+        let packed = quantized_matrix(dtype, format, 37, 96, 3);
         let m = Int8Matrix::from_packed(&packed).unwrap();
         assert_eq!(m.source_format(), format);
         assert_eq!(m.to_dense(), packed.to_dense(), "{format:?}");

@@ -14,6 +14,13 @@
 //!   plain loop they replaced; attention's scores four keys at a time equal the
 //!   fixed-order dot. (These two tests force variants process-wide; the others
 //!   name their variant explicitly, so they are unaffected.)
+//! - `int8.rs`: the fast precision's matmul (8-bit activations) against an f64
+//!   recompute of its formula and its error bound, its two variants against each
+//!   other, and its drift from exact on the default model.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod int8;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
