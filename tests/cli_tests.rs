@@ -169,6 +169,10 @@ fn bench_prints_the_documented_json() {
             "2",
             "--decode-tokens",
             "4",
+            "--prefill-tokens",
+            "40",
+            "--prefill-runs",
+            "1",
             "--json",
             "--model",
         ])
@@ -179,6 +183,7 @@ fn bench_prints_the_documented_json() {
     assert!(out.status.success(), "stderr: {stderr}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(report["machine"]["threads"].as_u64().unwrap() >= 1);
+    assert_eq!(report["precision"], "exact");
     let runs = report["runs"].as_array().unwrap();
     let labels: Vec<&str> = runs.iter().map(|r| r["label"].as_str().unwrap()).collect();
     assert_eq!(labels, ["chain-4", "tree-1-2-1"]);
@@ -195,13 +200,28 @@ fn bench_prints_the_documented_json() {
     }
     assert_eq!(runs[0]["ratio_to_chain"].as_f64(), Some(1.0));
     assert_eq!(runs[0]["config"]["chains"], 4);
-    let decode = report["decode"].as_array().unwrap();
-    assert_eq!(decode.len(), 1);
-    assert_eq!(decode[0]["batch"], 2);
-    assert!(decode[0]["tokens_per_second"].as_f64().unwrap() > 0.0);
+    // Ours first; a build with a peer feature adds the peer's figure after each,
+    // carrying the ratio ours ÷ its (ours carries none).
+    let (decode, prefill) = (&report["decode"], &report["prefill"]);
+    for (figures, key, value) in [(decode, "batch", 2), (prefill, "tokens", 40)] {
+        let figures = figures.as_array().unwrap();
+        assert_eq!(figures[0]["engine"], "treegrpo");
+        assert_eq!(figures[0][key], value);
+        assert!(figures[0]["tokens_per_second"].as_f64().unwrap() > 0.0);
+        assert!(figures[0]["treegrpo_ratio"].is_null());
+        for peer in &figures[1..] {
+            assert_eq!(peer[key], value);
+            assert!(peer["treegrpo_ratio"].as_f64().unwrap() > 0.0, "{peer}");
+        }
+        let peers = usize::from(cfg!(feature = "llamacpp"))
+            + usize::from(cfg!(feature = "mistralrs") && key == "batch");
+        assert_eq!(figures.len(), 1 + peers, "{figures:?}");
+    }
 }
 
-/// `--decode-batches` with no value skips the decode measurement (the rows still run).
+/// `--decode-batches` with no value skips the decode measurement and
+/// `--prefill-tokens 0` the prefill one (the rows still run); `--precision fast` is
+/// recorded in the report.
 #[test]
 fn bench_decode_batches_without_value_skips_decode() {
     let model = common::default_model();
@@ -217,6 +237,10 @@ fn bench_decode_batches_without_value_skips_decode() {
             "--turns",
             "1",
             "--decode-batches",
+            "--prefill-tokens",
+            "0",
+            "--precision",
+            "fast",
             "--json",
             "--model",
         ])
@@ -228,4 +252,18 @@ fn bench_decode_batches_without_value_skips_decode() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["runs"].as_array().unwrap().len(), 1);
     assert_eq!(report["decode"].as_array().unwrap().len(), 0);
+    assert_eq!(report["prefill"].as_array().unwrap().len(), 0);
+    assert_eq!(report["precision"], "fast");
+}
+
+/// An unknown `--precision` is a usage error naming the choices, not a panic.
+#[test]
+fn unknown_precision_is_a_usage_error() {
+    let out = treegrpo()
+        .args(["generate", "--prompt", "hi", "--precision", "sloppy"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("exact or fast"), "stderr: {stderr}");
 }
