@@ -123,6 +123,7 @@ fn an_interrupted_rollout_keeps_every_finished_tree() {
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["interrupted"], true);
+    assert_eq!(summary["precision"], "exact");
     let finished = summary["prompts_finished"].as_u64().unwrap() as usize;
     assert!((1..40).contains(&finished), "{finished} prompts finished");
     // Every line is whole JSON; every finished forest's trees and leaves are there.

@@ -159,6 +159,7 @@ impl EngineCore {
             counters: self.counters,
             kv: self.kv.stats(),
             weight_version: self.weight_version,
+            precision: self.weights.precision(),
             sequences: self.seqs.len(),
             generating: self
                 .seqs

@@ -100,6 +100,9 @@ pub struct EngineStats {
     pub kv: KvStats,
     /// The version of the weights served now (0: those the engine started with).
     pub weight_version: super::WeightVersion,
+    /// The arithmetic those weights are served with (`exact` unless they were loaded
+    /// at `Precision::Fast`).
+    pub precision: crate::model::Precision,
     /// Live sequences (created and not freed).
     pub sequences: usize,
     /// Sequences generating now (their callers wait for the result).

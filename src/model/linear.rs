@@ -83,6 +83,15 @@ impl Linear {
         self.bias.as_deref()
     }
 
+    /// The precision the layer is served at: fast when it holds 8-bit-activation
+    /// codes, exact otherwise.
+    pub fn precision(&self) -> Precision {
+        match self.weight {
+            LinearWeight::Int8(_) => Precision::Fast,
+            LinearWeight::Packed(_) | LinearWeight::Candle(_) => Precision::Exact,
+        }
+    }
+
     /// The packed weights, unless the layer runs on candle's kernel.
     pub fn packed_weights(&self) -> Option<&PackedMatrix> {
         match &self.weight {

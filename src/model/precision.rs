@@ -15,7 +15,8 @@ use std::fmt;
 use std::str::FromStr;
 
 /// See the module docs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     #[default]
     Exact,

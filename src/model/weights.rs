@@ -151,6 +151,22 @@ impl Model {
         self.map_linears(|l| l.to_dense(format))
     }
 
+    /// Fast if any linear layer is served with 8-bit activations, else exact.
+    pub fn precision(&self) -> super::Precision {
+        let fast = std::iter::once(&self.lm_head)
+            .chain(
+                self.layers
+                    .iter()
+                    .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]),
+            )
+            .any(|l| l.precision() == super::Precision::Fast);
+        if fast {
+            super::Precision::Fast
+        } else {
+            super::Precision::Exact
+        }
+    }
+
     /// A copy whose linear layers are served at `precision` (see
     /// [`Linear::at_precision`]).
     pub fn at_precision(&self, precision: super::Precision) -> Result<Model, ModelError> {

@@ -136,6 +136,9 @@ pub struct RunSummary {
     /// it started with); every token was sampled under it unless weights were
     /// swapped during the run.
     pub weight_version: crate::engine::WeightVersion,
+    /// `exact` or `fast` (`--precision`): the arithmetic the served weights computed
+    /// the logprobs with when the run started.
+    pub precision: crate::model::Precision,
     pub config: TreeConfig,
     pub advantage: AdvantageMode,
     pub token_budget: Option<u64>,
@@ -524,6 +527,7 @@ fn summarize(
         peak_kv_bytes: after.peak_kv_bytes,
         kv_pool_bytes: (start.kv.num_blocks * start.kv.bytes_per_block) as u64,
         weight_version: start.weight_version,
+        precision: start.precision,
         config: ctx.config.clone(),
         advantage: options.advantage,
         token_budget: options.token_budget,

@@ -12,6 +12,7 @@
 use super::common;
 use super::common::batch::{assert_batch_invariant, run_steps};
 use super::{quantized, Lcg, QUANT};
+use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::model::kernels::int8::vnni_available;
 use treegrpo::model::kernels::{Epilogue, Int8Matrix, OutputSink, PackedMatrix};
 use treegrpo::model::{ChatMessage, LoadedModel, Precision};
@@ -218,5 +219,17 @@ fn fast_default_model_is_batch_invariant_and_its_drift_is_bounded() {
     assert!(
         sum_abs / n as f64 > 0.0,
         "the fast path changed nothing: is it running?"
+    );
+
+    // The engine reports the arithmetic it serves (rollouts record it in summary.json).
+    assert_eq!(exact.model.precision(), Precision::Exact);
+    assert_eq!(fast.model.precision(), Precision::Fast);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let engine = Engine::start(std::sync::Arc::new(fast), EngineConfig::default()).unwrap();
+    assert_eq!(
+        rt.block_on(engine.stats()).unwrap().precision,
+        Precision::Fast
     );
 }
