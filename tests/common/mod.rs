@@ -37,14 +37,22 @@ pub fn argmax(v: &[f32]) -> usize {
 
 /// `log softmax(row)[target]`, in f64: the log-probability a row of logits gives a token.
 pub fn log_softmax_at(row: &[f32], target: u32) -> f64 {
+    row[target as usize] as f64 - log_sum_exp(row)
+}
+
+/// `log softmax(row)`, in f64.
+pub fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let lse = log_sum_exp(row);
+    row.iter().map(|&v| v as f64 - lse).collect()
+}
+
+fn log_sum_exp(row: &[f32]) -> f64 {
     let top = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = row
-        .iter()
+    row.iter()
         .map(|&x| (x as f64 - top).exp())
         .sum::<f64>()
         .ln()
-        + top;
-    row[target as usize] as f64 - lse
+        + top
 }
 
 /// Sends SIGINT to a child process (as Ctrl-C would).

@@ -154,18 +154,6 @@ fn int8_codes_give_back_the_matrix_exactly() {
     assert!(Int8Matrix::from_packed(&dense).is_err());
 }
 
-/// log-softmax of a row, in f64.
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v)) as f64;
-    let lse = row
-        .iter()
-        .map(|&v| (v as f64 - max).exp())
-        .sum::<f64>()
-        .ln()
-        + max;
-    row.iter().map(|&v| v as f64 - lse).collect()
-}
-
 #[test]
 fn fast_default_model_is_batch_invariant_and_its_drift_is_bounded() {
     let path = common::default_model();
@@ -190,8 +178,8 @@ fn fast_default_model_is_batch_invariant_and_its_drift_is_bounded() {
     let n = tokens.len() - 1;
     for pos in 0..n {
         let (pe, pf) = (
-            log_softmax(&exact_logits[pos]),
-            log_softmax(&fast_logits[pos]),
+            common::log_softmax(&exact_logits[pos]),
+            common::log_softmax(&fast_logits[pos]),
         );
         let next = tokens[pos + 1] as usize;
         let d = (pe[next] - pf[next]).abs();
