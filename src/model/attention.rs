@@ -57,6 +57,10 @@ pub struct AttentionShape {
 /// One sequence's cached key rows and value rows, in position order.
 type SeqRows<'a> = (Vec<&'a [f32]>, Vec<&'a [f32]>);
 
+/// Below this many (token, KV head) items, a plan makes one item per query head (see
+/// [`AttentionPlan`]).
+const MIN_GROUPED_ITEMS: usize = 16;
+
 /// One layer's attention for a whole batch, planned once: each new token's sequence
 /// and position, and each sequence's key and value rows, flattened from the store's
 /// runs before the work is split (not once per item).
@@ -64,11 +68,16 @@ type SeqRows<'a> = (Vec<&'a [f32]>, Vec<&'a [f32]>);
 /// The work is one item per (token, KV head): the query heads that share a KV head
 /// (grouped-query attention) are computed one after the other by the same thread, so
 /// their KV head's rows are read from memory once and from cache for the others (at
-/// rollout contexts a sequence's cache does not fit in L2). Each (token, head) output
-/// is still its own fixed sequential loop over positions, the same whichever item,
-/// batch or thread computes it.
+/// rollout contexts a sequence's cache does not fit in L2). With few tokens (decoding
+/// a batch of one or two) that gives too few items to split evenly over the threads
+/// (3 KV heads on 2 threads: one does twice the other's work), so each query head is
+/// an item of its own there. Each (token, head) output is still its own fixed
+/// sequential loop over positions, the same whichever item, batch or thread
+/// computes it.
 pub struct AttentionPlan<'a> {
     shape: AttentionShape,
+    /// Query heads one item computes: the KV group's, or 1 for small batches.
+    heads_per_item: usize,
     /// Per new token: its sequence (index into `seq_rows`) and position.
     row_info: Vec<(usize, usize)>,
     /// Per sequence: its cached positions' key rows and value rows (`kv_dim` wide), in
@@ -104,23 +113,30 @@ impl<'a> AttentionPlan<'a> {
                 row_info.push((s, span.start + i));
             }
         }
+        let group = shape.num_heads / shape.num_kv_heads;
+        let heads_per_item = if row_info.len() * shape.num_kv_heads < MIN_GROUPED_ITEMS {
+            1
+        } else {
+            group
+        };
         AttentionPlan {
             shape,
+            heads_per_item,
             row_info,
             seq_rows,
         }
     }
 
-    /// (token, KV head) pairs: item `i` is token `i / num_kv_heads`, KV head
-    /// `i % num_kv_heads`.
+    /// (token, head group) pairs, in token order: item `i` is token
+    /// `i / groups_per_token`, query heads `(i % groups_per_token) · heads_per_item ..`.
     pub fn items(&self) -> usize {
-        self.row_info.len() * self.shape.num_kv_heads
+        self.row_info.len() * self.shape.num_heads / self.heads_per_item
     }
 
     /// Output values one item writes: its query heads' `head_dim` each. Item `i`'s
     /// values are `i * item_width ..` of the `[rows, num_heads * head_dim]` output.
     pub fn item_width(&self) -> usize {
-        self.shape.num_heads / self.shape.num_kv_heads * self.shape.head_dim
+        self.heads_per_item * self.shape.head_dim
     }
 
     /// Computes item `idx` from `q` (`[rows, num_heads * head_dim]`) into `out`
@@ -134,22 +150,25 @@ impl<'a> AttentionPlan<'a> {
         let q_dim = num_heads * head_dim;
         let group = num_heads / num_kv_heads;
         let scale = 1.0 / (head_dim as f32).sqrt();
-        let (row, kv_head) = (idx / num_kv_heads, idx % num_kv_heads);
+        let heads = self.heads_per_item;
+        let per_token = num_heads / heads;
+        let (row, first_head) = (idx / per_token, idx % per_token * heads);
+        // An item's heads lie in one KV group (`heads` is the group or 1).
+        let kv_head = first_head / group;
         let (s, position) = self.row_info[row];
-        // The group's query heads are adjacent: heads kv_head·group ..
-        let qs = &q[row * q_dim + kv_head * group * head_dim..][..group * head_dim];
+        let qs = &q[row * q_dim + first_head * head_dim..][..heads * head_dim];
         let n = position + 1;
         let (k_rows, v_rows) = &self.seq_rows[s];
         let (k_rows, v_rows) = (&k_rows[..n], &v_rows[..n]);
-        // scores[h * n + j]: head h of the group against position j.
-        let mut scores = vec![0f32; group * n];
+        // scores[h * n + j]: the item's head h against position j.
+        let mut scores = vec![0f32; heads * n];
         for (q_h, sc) in qs.chunks_exact(head_dim).zip(scores.chunks_exact_mut(n)) {
             dot_rows(q_h, k_rows, kv_head * head_dim, sc);
             for v in sc.iter_mut() {
                 *v *= scale;
             }
         }
-        let mut inv = vec![0f32; group];
+        let mut inv = vec![0f32; heads];
         for (h, sc) in scores.chunks_exact_mut(n).enumerate() {
             let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             let mut denom = 0f32;
