@@ -21,10 +21,13 @@ use crate::model::{ChatMessage, LoadedModel, ModelError, TokenId};
 pub struct DecodeSpeed {
     pub engine: &'static str,
     pub batch: usize,
+    /// Prompt tokens each sequence starts decoding after (the context its attention
+    /// reads grows from there).
+    pub context: usize,
     pub new_tokens: usize,
     pub tokens_per_second: f64,
-    /// treegrpo's figure at the same batch divided by this one (peer rows only;
-    /// filled by the report).
+    /// treegrpo's figure at the same batch and context divided by this one (peer rows
+    /// only; filled by the report).
     pub treegrpo_ratio: Option<f64>,
 }
 
@@ -37,17 +40,19 @@ pub fn decode_prompt(model: &LoadedModel) -> Result<Vec<TokenId>, ModelError> {
     model.chat_prompt(&[ChatMessage::new("user", DECODE_PROMPT)])
 }
 
-/// Decode tokens/s of our engine at `batch` sequences, each generating `new_tokens`.
+/// Decode tokens/s of our engine at `batch` sequences of `prompt` ([`decode_prompt`],
+/// or a long one for the long-context figures), each generating `new_tokens`. The
+/// sequences after the first find the prompt in the prefix cache and share its blocks.
 pub async fn engine_decode_tokens_per_second(
     model: &Arc<LoadedModel>,
+    prompt: &[TokenId],
     batch: usize,
     new_tokens: usize,
 ) -> Result<DecodeSpeed, EngineError> {
     let engine = Engine::start(model.clone(), EngineConfig::default())?;
-    let prompt = decode_prompt(model)?;
     let mut seqs = Vec::with_capacity(batch);
     for _ in 0..batch.max(1) {
-        let seq = engine.add_sequence(prompt.clone()).await?;
+        let seq = engine.add_sequence(prompt.to_vec()).await?;
         engine.prefill(seq).await?;
         seqs.push(seq);
     }
@@ -67,6 +72,7 @@ pub async fn engine_decode_tokens_per_second(
     Ok(DecodeSpeed {
         engine: "treegrpo",
         batch: seqs.len(),
+        context: prompt.len(),
         new_tokens,
         tokens_per_second: tokens as f64 / seconds.max(1e-9),
         treegrpo_ratio: None,
@@ -90,27 +96,28 @@ pub async fn peer_decode_tokens_per_second(
     Ok(DecodeSpeed {
         engine: "mistral.rs",
         batch,
+        context: prompt.len(),
         new_tokens,
         tokens_per_second,
         treegrpo_ratio: None,
     })
 }
 
-/// Decode tokens/s of llama.cpp at `batch` sequences on the same prompt ids as
+/// Decode tokens/s of llama.cpp at `batch` sequences of the same prompt ids as
 /// [`engine_decode_tokens_per_second`] (the same quantity: see `peer::llamacpp_speed`).
 #[cfg(feature = "llamacpp")]
 pub fn llamacpp_decode_tokens_per_second(
     peer: &crate::peer::LlamaCppPeer,
-    model: &LoadedModel,
+    prompt: &[TokenId],
     batch: usize,
     new_tokens: usize,
 ) -> Result<DecodeSpeed, crate::peer::PeerError> {
-    let prompt = decode_prompt(model)?;
     Ok(DecodeSpeed {
         engine: "llama.cpp",
         batch,
+        context: prompt.len(),
         new_tokens,
-        tokens_per_second: peer.decode_tokens_per_second(&prompt, batch, new_tokens)?,
+        tokens_per_second: peer.decode_tokens_per_second(prompt, batch, new_tokens)?,
         treegrpo_ratio: None,
     })
 }

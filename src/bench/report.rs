@@ -69,7 +69,9 @@ impl BenchReport {
         for d in self.decode.iter_mut().filter(|d| !ours(d)) {
             d.treegrpo_ratio = decode_ours
                 .iter()
-                .find(|o| o.batch == d.batch && o.new_tokens == d.new_tokens)
+                .find(|o| {
+                    o.batch == d.batch && o.context == d.context && o.new_tokens == d.new_tokens
+                })
                 .and_then(|o| ratio(o.tokens_per_second, d.tokens_per_second));
         }
         let prefill_ours: Vec<PrefillSpeed> = self
@@ -163,14 +165,15 @@ pub fn markdown(report: &BenchReport) -> String {
     }
     if !report.decode.is_empty() {
         s.push_str(
-            "\n| engine | batch | new tokens each | decode tokens/s | treegrpo ÷ this |\n\
-             |---|---|---|---|---|\n",
+            "\n| engine | batch | context | new tokens each | decode tokens/s | treegrpo ÷ this |\n\
+             |---|---|---|---|---|---|\n",
         );
         for d in &report.decode {
             s.push_str(&format!(
-                "| {} | {} | {} | {:.1} | {} |\n",
+                "| {} | {} | {} | {} | {:.1} | {} |\n",
                 d.engine,
                 d.batch,
+                d.context,
                 d.new_tokens,
                 d.tokens_per_second,
                 fmt_ratio(d.treegrpo_ratio)

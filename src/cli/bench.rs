@@ -33,6 +33,11 @@ pub struct BenchArgs {
     /// Tokens each sequence generates in the decode measurement.
     #[arg(long, default_value_t = 64)]
     pub decode_tokens: usize,
+    /// Prompt length the decode measurement starts from (0: the short chat prompt;
+    /// e.g. 4096 for long-context attention). A long prompt is prefilled once and
+    /// shared by the batch's sequences, in both engines.
+    #[arg(long, default_value_t = 0)]
+    pub decode_context: usize,
     /// Prompt length of the prefill measurement (0: skip it).
     #[arg(long, default_value_t = 256)]
     pub prefill_tokens: usize,
@@ -183,16 +188,26 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         eprintln!("{}", serde_json::to_string(&run)?);
         report.runs.push(run);
     }
+    let decode_prompt = if a.decode_context > 0 {
+        prefill_prompt(&model, a.decode_context)?
+    } else {
+        treegrpo::bench::decode_prompt(&model)?
+    };
     for &batch in &a.decode_batches {
-        eprintln!("decode speed at batch {batch} …");
+        eprintln!(
+            "decode speed at batch {batch}, context {} …",
+            decode_prompt.len()
+        );
         let speed = rt.block_on(engine_decode_tokens_per_second(
             &model,
+            &decode_prompt,
             batch,
             a.decode_tokens,
         ))?;
         record_decode(&mut report, speed)?;
+        // The mistral.rs peer decodes from the short chat prompt only.
         #[cfg(feature = "mistralrs")]
-        if peer_wanted {
+        if peer_wanted && a.decode_context == 0 {
             eprintln!("mistral.rs decode speed at batch {batch} …");
             let speed = rt.block_on(treegrpo::bench::peer_decode_tokens_per_second(
                 &model_path,
@@ -207,7 +222,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             eprintln!("llama.cpp decode speed at batch {batch} …");
             let speed = treegrpo::bench::llamacpp_decode_tokens_per_second(
                 peer,
-                &model,
+                &decode_prompt,
                 batch,
                 a.decode_tokens,
             )?;

@@ -12,7 +12,10 @@
 //!   `b × (new_tokens - 1) / seconds`. No stop token: every sequence generates exactly
 //!   `new_tokens`. The KV cache is not unified (`kv_unified = false`, llama.cpp's
 //!   default): each sequence attends over its own stream, which is llama.cpp's faster
-//!   layout for independent sequences.
+//!   layout for independent sequences. A prompt past 512 tokens (the long-context
+//!   figures) is prefilled once into a unified cache and shared by every sequence
+//!   (`llama_memory_seq_cp`), as our prefix cache shares it: prefilling 64 copies of a
+//!   4,096-token prompt would take longer than the measurement.
 //! - **Prefill:** one `llama_decode` of the whole prompt (logits of its last token
 //!   only) into an empty cache, after one untimed warm-up run (the first touches the
 //!   memory-mapped weights); the median of `runs` timed runs.
@@ -37,6 +40,10 @@ use llama_cpp_2::LlamaCppError;
 
 use super::PeerError;
 use crate::model::TokenId;
+
+/// Decode prompts longer than this are prefilled once and shared by the batch's
+/// sequences (as our engine's prefix cache shares them), not prefilled per sequence.
+const SHARED_PROMPT_FROM: usize = 512;
 
 /// llama.cpp's process-wide backend: `llama_backend_init` may run once per process.
 static BACKEND: OnceLock<LlamaBackend> = OnceLock::new();
@@ -99,23 +106,43 @@ impl LlamaCppPeer {
             ));
         }
         let prompt = self.checked_tokens(prompt)?;
-        let per_seq = prompt.len() + new_tokens;
-        let mut ctx = self.context(batch, per_seq * batch, prompt.len() * batch)?;
-
-        // Prefill every sequence in one batch; keep the index of each one's last token.
-        let mut b = LlamaBatch::new(prompt.len() * batch, i32_of(batch)?);
-        let mut last = Vec::with_capacity(batch);
-        for s in 0..batch {
-            let seq = i32_of(s)?;
+        let mut next: Vec<LlamaToken>;
+        let mut ctx;
+        if prompt.len() <= SHARED_PROMPT_FROM {
+            let per_seq = prompt.len() + new_tokens;
+            ctx = self.context(batch, per_seq * batch, prompt.len() * batch, false)?;
+            // Prefill every sequence in one batch; keep the index of each one's last token.
+            let mut b = LlamaBatch::new(prompt.len() * batch, i32_of(batch)?);
+            let mut last = Vec::with_capacity(batch);
+            for s in 0..batch {
+                let seq = i32_of(s)?;
+                for (p, &t) in prompt.iter().enumerate() {
+                    let is_last = p + 1 == prompt.len();
+                    b.add(t, i32_of(p)?, &[seq], is_last)
+                        .map_err(LlamaCppError::from)?;
+                }
+                last.push(b.n_tokens() - 1);
+            }
+            ctx.decode(&mut b).map_err(LlamaCppError::from)?;
+            next = last.iter().map(|&i| argmax(&ctx, i)).collect();
+        } else {
+            // A long prompt is prefilled once and shared: one unified cache whose
+            // prompt cells belong to every sequence (`llama_memory_seq_cp`).
+            let cells = prompt.len() + batch * new_tokens;
+            ctx = self.context(batch, cells, prompt.len(), true)?;
+            let mut b = LlamaBatch::new(prompt.len(), 1);
             for (p, &t) in prompt.iter().enumerate() {
-                let is_last = p + 1 == prompt.len();
-                b.add(t, i32_of(p)?, &[seq], is_last)
+                b.add(t, i32_of(p)?, &[0], p + 1 == prompt.len())
                     .map_err(LlamaCppError::from)?;
             }
-            last.push(b.n_tokens() - 1);
+            ctx.decode(&mut b).map_err(LlamaCppError::from)?;
+            let first = argmax(&ctx, b.n_tokens() - 1);
+            for s in 1..batch {
+                ctx.copy_kv_cache_seq(0, i32_of(s)?, None, None)
+                    .map_err(|e| PeerError::Invalid(format!("llama.cpp cache copy: {e}")))?;
+            }
+            next = vec![first; batch];
         }
-        ctx.decode(&mut b).map_err(LlamaCppError::from)?;
-        let mut next: Vec<LlamaToken> = last.iter().map(|&i| argmax(&ctx, i)).collect();
 
         let mut step = LlamaBatch::new(batch, i32_of(batch)?);
         let t0 = Instant::now();
@@ -144,7 +171,7 @@ impl LlamaCppPeer {
     ) -> Result<f64, PeerError> {
         let prompt = self.checked_tokens(prompt)?;
         let runs = runs.max(1);
-        let mut ctx = self.context(1, prompt.len() + 1, prompt.len())?;
+        let mut ctx = self.context(1, prompt.len() + 1, prompt.len(), false)?;
         let mut b = LlamaBatch::new(prompt.len(), 1);
         let mut seconds = Vec::with_capacity(runs);
         for run in 0..=runs {
@@ -174,7 +201,7 @@ impl LlamaCppPeer {
         new_tokens: usize,
     ) -> Result<Vec<TokenId>, PeerError> {
         let prompt = self.checked_tokens(prompt)?;
-        let mut ctx = self.context(1, prompt.len() + new_tokens + 1, prompt.len())?;
+        let mut ctx = self.context(1, prompt.len() + new_tokens + 1, prompt.len(), false)?;
         let mut b = LlamaBatch::new(prompt.len(), 1);
         for (p, &t) in prompt.iter().enumerate() {
             b.add(t, i32_of(p)?, &[0], p + 1 == prompt.len())
@@ -198,12 +225,14 @@ impl LlamaCppPeer {
     }
 
     /// A context for `seqs` sequences holding `cells` KV cells in all, taking batches
-    /// of up to `max_batch` tokens in one `llama_decode`.
+    /// of up to `max_batch` tokens in one `llama_decode`; `unified`: one cache the
+    /// sequences share cells of, else a stream of its own per sequence.
     fn context(
         &self,
         seqs: usize,
         cells: usize,
         max_batch: usize,
+        unified: bool,
     ) -> Result<LlamaContext<'_>, PeerError> {
         let backend = backend()?;
         let n_batch = u32_of(max_batch.max(seqs).max(1))?;
@@ -212,7 +241,7 @@ impl LlamaCppPeer {
             .with_n_batch(n_batch)
             .with_n_ubatch(n_batch.min(512))
             .with_n_seq_max(u32_of(seqs)?)
-            .with_kv_unified(false)
+            .with_kv_unified(unified)
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads);
         Ok(self
