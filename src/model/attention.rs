@@ -127,8 +127,9 @@ impl<'a> AttentionPlan<'a> {
         }
     }
 
-    /// (token, head group) pairs, in token order: item `i` is token
-    /// `i / groups_per_token`, query heads `(i % groups_per_token) · heads_per_item ..`.
+    /// (token, head group) pairs in token order, `num_heads / heads_per_item` per
+    /// token: item `i` is token `i / per_token`, query heads from
+    /// `(i % per_token) · heads_per_item`.
     pub fn items(&self) -> usize {
         self.row_info.len() * self.shape.num_heads / self.heads_per_item
     }
