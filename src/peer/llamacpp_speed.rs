@@ -210,12 +210,13 @@ impl LlamaCppPeer {
         ctx.decode(&mut b).map_err(LlamaCppError::from)?;
         let mut out = Vec::with_capacity(new_tokens);
         let mut tok = argmax(&ctx, b.n_tokens() - 1);
+        let mut step = LlamaBatch::new(1, 1);
         for t in 0..new_tokens {
             out.push(tok.0 as TokenId);
             if t + 1 == new_tokens {
                 break;
             }
-            let mut step = LlamaBatch::new(1, 1);
+            step.clear();
             step.add(tok, i32_of(prompt.len() + t)?, &[0], true)
                 .map_err(LlamaCppError::from)?;
             ctx.decode(&mut step).map_err(LlamaCppError::from)?;

@@ -312,14 +312,11 @@ fn gemm_scalar(
                 let xq = &q.q[r * m.inp + b * BLOCK..][..BLOCK];
                 let (dx, sx) = (q.dx[r * m.blocks + b], q.sx[r * m.blocks + b]);
                 for (l, a) in acc.iter_mut().enumerate() {
+                    // Padding outputs past `out` have zero codes and scales.
                     let o = p * PANEL + l;
-                    let isum: i32 = if o < m.out {
-                        (0..BLOCK)
-                            .map(|j| m.code(o, b * BLOCK + j) as i32 * xq[j] as i32)
-                            .sum()
-                    } else {
-                        0
-                    };
+                    let isum: i32 = (0..BLOCK)
+                        .map(|j| m.code(o, b * BLOCK + j) as i32 * xq[j] as i32)
+                        .sum();
                     let (d, mm) = m.scale_offset(p, b, l);
                     *a = (isum as f32).mul_add(d * dx, *a);
                     *a = mm.mul_add(sx, *a);
