@@ -6,7 +6,7 @@
 //! per block, a dense one a single run, and the kernel never concatenates a cache.
 
 use super::error::ModelError;
-use super::kernels::{dot_rows, weighted_sum};
+use super::kernels::{dot_rows, exp_in_place, weighted_sum};
 
 /// A contiguous run of cached positions: `rows` keys and values, each `kv_dim` wide
 /// (all KV heads of one position side by side).
@@ -74,6 +74,14 @@ const MIN_GROUPED_ITEMS: usize = 16;
 /// an item of its own there. Each (token, head) output is still its own fixed
 /// sequential loop over positions, the same whichever item, batch or thread
 /// computes it.
+///
+/// Items run KV head by KV head, and within one KV head, sequences that share cached
+/// blocks (a tree's branches, a prompt's trees, a common system prompt) run next to
+/// each other, with a prefill chunk's tokens together: the team splits the items
+/// into contiguous ranges, so one thread reads a shared prefix's rows of that KV head
+/// from memory once and from its cache for the next token (attention at rollout
+/// contexts is bound by reading K and V). Only the order changes: every item computes
+/// exactly what it did alone, so the results are bit-identical.
 pub struct AttentionPlan<'a> {
     shape: AttentionShape,
     /// Query heads one item computes: the KV group's, or 1 for small batches.
@@ -83,6 +91,8 @@ pub struct AttentionPlan<'a> {
     /// Per sequence: its cached positions' key rows and value rows (`kv_dim` wide), in
     /// order, flattened from the store's runs once per layer rather than per item.
     seq_rows: Vec<SeqRows<'a>>,
+    /// The items in the order they run: (token row, first query head).
+    items: Vec<(u32, u32)>,
 }
 
 impl<'a> AttentionPlan<'a> {
@@ -95,10 +105,18 @@ impl<'a> AttentionPlan<'a> {
         let mut row_info = Vec::new();
         let kv_dim = shape.num_kv_heads * shape.head_dim;
         let mut seq_rows = Vec::with_capacity(spans.len());
+        // Per sequence, where each of its runs starts: equal prefixes of this list
+        // are shared cached blocks.
+        let mut run_starts: Vec<Vec<usize>> = Vec::with_capacity(spans.len());
         for (s, span) in spans.iter().enumerate() {
             let len = span.start + span.len;
             let (mut keys, mut values) = (Vec::with_capacity(len), Vec::with_capacity(len));
+            let mut starts = Vec::new();
             for chunk in store.chunks(layer, span.slot, len) {
+                if keys.len() >= len {
+                    break;
+                }
+                starts.push(chunk.keys.as_ptr() as usize);
                 let rows = chunk
                     .keys
                     .chunks_exact(kv_dim)
@@ -109,6 +127,7 @@ impl<'a> AttentionPlan<'a> {
                 }
             }
             seq_rows.push((keys, values));
+            run_starts.push(starts);
             for i in 0..span.len {
                 row_info.push((s, span.start + i));
             }
@@ -119,29 +138,45 @@ impl<'a> AttentionPlan<'a> {
         } else {
             group
         };
+        // Sequences sorted by their runs: those sharing blocks become neighbours.
+        let mut by_prefix: Vec<usize> = (0..spans.len()).collect();
+        by_prefix.sort_by(|&a, &b| run_starts[a].cmp(&run_starts[b]).then(a.cmp(&b)));
+        let mut items = Vec::with_capacity(row_info.len() * shape.num_heads / heads_per_item);
+        for kv_head in 0..shape.num_kv_heads {
+            for &s in &by_prefix {
+                for row in spans[s].row..spans[s].row + spans[s].len {
+                    for head in (kv_head * group..(kv_head + 1) * group).step_by(heads_per_item) {
+                        items.push((row as u32, head as u32));
+                    }
+                }
+            }
+        }
         AttentionPlan {
             shape,
             heads_per_item,
             row_info,
             seq_rows,
+            items,
         }
     }
 
-    /// (token, head group) pairs in token order, `num_heads / heads_per_item` per
-    /// token: item `i` is token `i / per_token`, query heads from
-    /// `(i % per_token) · heads_per_item`.
+    /// How many items the plan has: (token, KV head) pairs, or (token, query head)
+    /// pairs for small batches.
     pub fn items(&self) -> usize {
-        self.row_info.len() * self.shape.num_heads / self.heads_per_item
+        self.items.len()
     }
 
-    /// Output values one item writes: its query heads' `head_dim` each. Item `i`'s
-    /// values are `i * item_width ..` of the `[rows, num_heads * head_dim]` output.
-    pub fn item_width(&self) -> usize {
-        self.heads_per_item * self.shape.head_dim
+    /// Where item `idx`'s output lies in the `[rows, num_heads * head_dim]` attention
+    /// output: its query heads' `head_dim` values each, side by side.
+    pub fn item_output(&self, idx: usize) -> std::ops::Range<usize> {
+        let (row, head) = self.items[idx];
+        let head_dim = self.shape.head_dim;
+        let start = row as usize * self.shape.num_heads * head_dim + head as usize * head_dim;
+        start..start + self.heads_per_item * head_dim
     }
 
-    /// Computes item `idx` from `q` (`[rows, num_heads * head_dim]`) into `out`
-    /// ([`Self::item_width`] values, which must be zero on entry).
+    /// Computes item `idx` from `q` (`[rows, num_heads * head_dim]`) into `out` (its
+    /// [`Self::item_output`] range of the output, which must be zero on entry).
     pub fn attend_item(&self, q: &[f32], idx: usize, out: &mut [f32]) {
         let AttentionShape {
             num_heads,
@@ -152,8 +187,7 @@ impl<'a> AttentionPlan<'a> {
         let group = num_heads / num_kv_heads;
         let scale = 1.0 / (head_dim as f32).sqrt();
         let heads = self.heads_per_item;
-        let per_token = num_heads / heads;
-        let (row, first_head) = (idx / per_token, idx % per_token * heads);
+        let (row, first_head) = (self.items[idx].0 as usize, self.items[idx].1 as usize);
         // An item's heads lie in one KV group (`heads` is the group or 1).
         let kv_head = first_head / group;
         let (s, position) = self.row_info[row];
@@ -172,12 +206,11 @@ impl<'a> AttentionPlan<'a> {
         let mut inv = vec![0f32; heads];
         for (h, sc) in scores.chunks_exact_mut(n).enumerate() {
             let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut denom = 0f32;
             for v in sc.iter_mut() {
-                *v = (*v - max).exp();
-                denom += *v;
+                *v -= max;
             }
-            inv[h] = 1.0 / denom;
+            exp_in_place(sc);
+            inv[h] = 1.0 / sc.iter().fold(0f32, |sum, &v| sum + v);
         }
         for (h, out_h) in out.chunks_exact_mut(head_dim).enumerate() {
             let probs = &scores[h * n..(h + 1) * n];

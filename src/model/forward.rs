@@ -205,12 +205,12 @@ impl Model {
                 let (gs, us) = (SharedBuf::new(&mut g), SharedBuf::new(&mut u));
                 let q = &q;
                 team.run(|m| {
-                    let width = plan.item_width();
-                    // SAFETY: as in the first run: own items, rows or columns only,
-                    // others' results read after a barrier.
+                    // SAFETY: as in the first run: own items (disjoint output
+                    // ranges), rows or columns only, others' results read after a
+                    // barrier.
                     for item in m.share(plan.items()) {
                         plan.attend_item(q, item, unsafe {
-                            attn_s.get_mut(item * width..(item + 1) * width)
+                            attn_s.get_mut(plan.item_output(item))
                         });
                     }
                     m.barrier();

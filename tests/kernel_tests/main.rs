@@ -14,6 +14,9 @@
 //!   plain loop they replaced; attention's scores four keys at a time equal the
 //!   fixed-order dot. (These two tests force variants process-wide; the others
 //!   name their variant explicitly, so they are unaffected.)
+//! - Softmax's vectorised `exp` equals `f32::exp` bit for bit (on glibc, whose
+//!   algorithm it reproduces) over every exponent range of its path, at its edges and
+//!   for every slice length's tail.
 //! - `int8.rs`: the fast precision's matmul (8-bit activations) against an f64
 //!   recompute of its formula and its error bound, its two variants against each
 //!   other, and its drift from exact on the default model.
@@ -316,6 +319,63 @@ fn attention_scores_four_keys_at_a_time_equal_the_fixed_order_dot() {
                 (*e as f64 - exact).abs() <= 1e-5 * dim as f64,
                 "{e} vs {exact}"
             );
+        }
+    }
+}
+
+#[test]
+fn vectorised_exp_equals_f32_exp_bit_for_bit() {
+    use treegrpo::model::kernels::exp_in_place_with;
+    // Every 61st f32 bit pattern below 100 in magnitude, both signs (about 36M
+    // values; softmax feeds `score − max ≤ 0`, the positive side is checked too),
+    // then the edges of the vector path and values past them.
+    let mut xs: Vec<f32> = Vec::new();
+    for sign in [0u32, 0x8000_0000] {
+        let mut bits = 0u32;
+        while bits < 100f32.to_bits() {
+            xs.push(f32::from_bits(bits | sign));
+            bits += 61;
+        }
+    }
+    let limit = 88f32.to_bits();
+    for b in limit - 64..limit + 64 {
+        xs.extend([f32::from_bits(b), -f32::from_bits(b)]);
+    }
+    xs.extend([
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        -103.28,
+        -103.97,
+        -104.0,
+        88.72,
+        88.73,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN,
+    ]);
+    for isa in variants() {
+        let mut got = xs.clone();
+        exp_in_place_with(isa, &mut got);
+        for (x, g) in xs.iter().zip(&got) {
+            assert_eq!(
+                g.to_bits(),
+                x.exp().to_bits(),
+                "{isa:?}: exp({x:e}) = {g:e}"
+            );
+        }
+        let mut nan = [f32::NAN; 17];
+        exp_in_place_with(isa, &mut nan);
+        assert!(nan.iter().all(|v| v.is_nan()), "{isa:?}");
+        // Every tail length: the vector body and the scalar remainder agree.
+        for len in 0..40 {
+            let mut part: Vec<f32> = (0..len).map(|i| -(i as f32) * 0.731).collect();
+            let expected: Vec<u32> = part.iter().map(|v| v.exp().to_bits()).collect();
+            exp_in_place_with(isa, &mut part);
+            let got: Vec<u32> = part.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, expected, "{isa:?} length {len}");
         }
     }
 }

@@ -110,6 +110,9 @@ pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &m
     let mut j = 0;
     while j + 4 <= rows.len() {
         let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr().add(offset));
+        for ahead in rows.iter().skip(j + super::rows::PREFETCH_ROWS).take(4) {
+            super::rows::prefetch_span(ahead.as_ptr().add(offset), q.len());
+        }
         let mut lo = [_mm256_setzero_ps(); 4];
         let mut hi = [_mm256_setzero_ps(); 4];
         for c in 0..chunks {

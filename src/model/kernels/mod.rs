@@ -8,6 +8,7 @@
 //!   set, chosen at run time ([`Isa::active`]), so one binary uses what the CPU has.
 //! - [`rows`]: attention's row loops on the same lanes ([`dot_rows`] for scores,
 //!   [`weighted_sum`] for values), bit-identical on every variant too.
+//! - [`exp`]: softmax's `exp` sixteen at a time, bit-identical to glibc's `expf`.
 //! - [`int8`] (and `int8_vnni.rs`): the fast precision mode's matmul, 8-bit
 //!   activations against the block quants with integer dot products, as llama.cpp
 //!   does; not exact, but still batch-invariant and equal on its two variants.
@@ -33,6 +34,7 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod exp;
 pub mod int8;
 #[cfg(target_arch = "x86_64")]
 mod int8_vnni;
@@ -46,6 +48,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use rayon::prelude::*;
 
+pub use exp::{exp_in_place, exp_in_place_with};
 pub use int8::Int8Matrix;
 pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
 pub use rows::dot_fixed;

@@ -26,7 +26,10 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
     // Four vectors (64 lanes) at a time: four independent chains of adds.
     while d0 + 4 * PANEL <= width {
         let mut acc = [L::zero(); 4];
-        for (row, &p) in rows.iter().zip(probs) {
+        for (j, (row, &p)) in rows.iter().zip(probs).enumerate() {
+            if let Some(ahead) = rows.get(j + PREFETCH_ROWS) {
+                prefetch_span(ahead.as_ptr().add(offset + d0), 4 * PANEL);
+            }
             let w = L::splat(p * scale);
             let at = row.as_ptr().add(offset + d0);
             for (c, a) in acc.iter_mut().enumerate() {
@@ -57,6 +60,31 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
         }
         out[d] += acc;
     }
+}
+
+/// How many rows ahead attention's row loops ask for their data: the rows of a
+/// sequence's cache lie in scattered blocks (and each head reads a strided part of a
+/// row), which the hardware prefetcher does not follow, so without it the loops wait
+/// on memory for every row.
+pub(super) const PREFETCH_ROWS: usize = 16;
+
+/// Asks the cache hierarchy for `len` floats from `at` (a hint: no effect on results,
+/// and never faults, whatever the address).
+#[inline(always)]
+pub(super) fn prefetch_span(at: *const f32, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        // 16 floats a cache line.
+        let mut i = 0;
+        while i < len {
+            // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
+            unsafe { _mm_prefetch(at.wrapping_add(i) as *const i8, _MM_HINT_T0) };
+            i += 16;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, len);
 }
 
 #[inline(always)]

@@ -1,0 +1,152 @@
+//! Micro-benchmark of the decode attention kernel on one thread, at the default
+//! model's shape (9 query heads, 3 KV heads, head_dim 64), over a paged store whose
+//! blocks are scattered through a large pool, as the engine's are after a rollout has
+//! run a while: `cargo run --release --example attention_speed [-- CONTEXT BATCH]`.
+//!
+//! `CONTEXT BATCH SHARED`: the sequences share their first SHARED positions' blocks.
+//!
+//! Prints ns per (query head, key position), the unit attention's cost scales with,
+//! and the K/V bytes it read per second (each sequence's keys and values once per
+//! layer: what the hardware must at least deliver).
+use std::time::Instant;
+
+use treegrpo::model::attention::{AttentionPlan, AttentionShape, SeqSpan};
+use treegrpo::model::{KvChunk, KvStore, ModelError};
+
+const SHAPE: AttentionShape = AttentionShape {
+    num_heads: 9,
+    num_kv_heads: 3,
+    head_dim: 64,
+};
+const BLOCK: usize = 16;
+
+/// One layer of a paged store: `tables[slot]` lists the blocks of a sequence, which
+/// are spread through a pool of `pool_blocks` (a fixed pseudo-random permutation).
+struct ScatteredStore {
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    tables: Vec<Vec<usize>>,
+}
+
+impl ScatteredStore {
+    /// The first `shared` positions' blocks are the same for every sequence (a tree's
+    /// common prefix); the rest are each sequence's own.
+    fn new(seqs: usize, context: usize, shared: usize, pool_blocks: usize) -> Self {
+        let kv_dim = SHAPE.num_kv_heads * SHAPE.head_dim;
+        let per_seq = context.div_ceil(BLOCK);
+        assert!(seqs * per_seq <= pool_blocks);
+        let mut order: Vec<usize> = (0..pool_blocks).collect();
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let shuffle = std::env::var_os("SEQUENTIAL").is_none();
+        for i in (1..order.len()).rev().filter(|_| shuffle) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            order.swap(i, (state % (i as u64 + 1)) as usize);
+        }
+        let common = shared / BLOCK;
+        let tables = (0..seqs)
+            .map(|s| {
+                let own = &order[s * per_seq..(s + 1) * per_seq];
+                order[..common]
+                    .iter()
+                    .chain(&own[common..])
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        let floats = pool_blocks * BLOCK * kv_dim;
+        let fill = |seed: usize| -> Vec<f32> {
+            (0..floats)
+                .map(|i| (((i + seed) * 7919 % 2003) as f32) / 1001.0 - 1.0)
+                .collect()
+        };
+        ScatteredStore {
+            keys: fill(1),
+            values: fill(2),
+            tables,
+        }
+    }
+}
+
+impl KvStore for ScatteredStore {
+    fn store(
+        &mut self,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &[f32],
+        _: &[f32],
+    ) -> Result<(), ModelError> {
+        Ok(())
+    }
+
+    fn chunks(&self, _layer: usize, slot: usize, _len: usize) -> Vec<KvChunk<'_>> {
+        let width = BLOCK * SHAPE.num_kv_heads * SHAPE.head_dim;
+        self.tables[slot]
+            .iter()
+            .map(|&b| KvChunk {
+                keys: &self.keys[b * width..(b + 1) * width],
+                values: &self.values[b * width..(b + 1) * width],
+            })
+            .collect()
+    }
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let contexts = if args.is_empty() {
+        vec![256, 1024, 2048]
+    } else {
+        vec![args[0]]
+    };
+    let batches = if args.len() < 2 {
+        vec![1, 16]
+    } else {
+        vec![args[1]]
+    };
+    // A third argument: positions every sequence shares (default none).
+    let shared = args.get(2).copied().unwrap_or(0);
+    // 1.5 GB of K and V: far past the last-level cache, as a rollout's pool is.
+    let pool_blocks = 1 << 16;
+    println!("| context | batch | ns / (head, key) | K/V GB/s |");
+    println!("|---|---|---|---|");
+    for &context in &contexts {
+        for &batch in &batches {
+            let store = ScatteredStore::new(batch, context, shared.min(context), pool_blocks);
+            let spans: Vec<SeqSpan> = (0..batch)
+                .map(|s| SeqSpan {
+                    slot: s,
+                    start: context - 1,
+                    row: s,
+                    len: 1,
+                })
+                .collect();
+            let q_dim = SHAPE.num_heads * SHAPE.head_dim;
+            let q: Vec<f32> = (0..batch * q_dim)
+                .map(|i| ((i * 31 % 97) as f32) / 97.0 - 0.5)
+                .collect();
+            let mut best = f64::INFINITY;
+            for _ in 0..5 {
+                let plan = AttentionPlan::new(&store, 0, &spans, SHAPE);
+                let mut out = vec![0f32; batch * q_dim];
+                let t = Instant::now();
+                for item in 0..plan.items() {
+                    plan.attend_item(&q, item, &mut out[plan.item_output(item)]);
+                }
+                best = best.min(t.elapsed().as_secs_f64());
+                std::hint::black_box(&out);
+            }
+            let pairs = (batch * SHAPE.num_heads * context) as f64;
+            let bytes = (batch * context * 2 * SHAPE.num_kv_heads * SHAPE.head_dim * 4) as f64;
+            println!(
+                "| {context} | {batch} | {:.2} | {:.1} |",
+                best * 1e9 / pairs,
+                bytes / best / 1e9
+            );
+        }
+    }
+}
