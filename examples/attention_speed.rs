@@ -5,7 +5,8 @@
 //!
 //! `CONTEXT BATCH SHARED`: the sequences share their first SHARED positions' blocks.
 //!
-//! Prints ns per (query head, key position), the unit attention's cost scales with,
+//! Prints the machine's sequential read bandwidth first (one and two threads), then ns
+//! per (query head, key position), the unit attention's cost scales with,
 //! and the K/V bytes it read per second (each sequence's keys and values once per
 //! layer: what the hardware must at least deliver).
 use std::time::Instant;
@@ -85,9 +86,13 @@ impl KvStore for ScatteredStore {
         let width = BLOCK * SHAPE.num_kv_heads * SHAPE.head_dim;
         self.tables[slot]
             .iter()
-            .map(|&b| KvChunk {
-                keys: &self.keys[b * width..(b + 1) * width],
-                values: &self.values[b * width..(b + 1) * width],
+            .map(|&b| {
+                let (keys, values) = (
+                    &self.keys[b * width..(b + 1) * width],
+                    &self.values[b * width..(b + 1) * width],
+                );
+                // As the engine's paged cache lays a block out: head after head.
+                KvChunk::head_major(keys, values, SHAPE.num_kv_heads)
             })
             .collect()
     }
@@ -112,6 +117,7 @@ fn main() {
     let shared = args.get(2).copied().unwrap_or(0);
     // 1.5 GB of K and V: far past the last-level cache, as a rollout's pool is.
     let pool_blocks = 1 << 16;
+    read_bandwidth();
     println!("| context | batch | ns / (head, key) | K/V GB/s |");
     println!("|---|---|---|---|");
     for &context in &contexts {
@@ -148,5 +154,38 @@ fn main() {
                 bytes / best / 1e9
             );
         }
+    }
+}
+
+/// The machine's streaming read bandwidth, the bound attention's K/V reads (and a
+/// dense batch-1 decode's weight reads) are measured against: a 1 GiB buffer summed
+/// in order by one thread, then by two threads each summing half.
+fn read_bandwidth() {
+    let data: Vec<f32> = (0..(1usize << 28)).map(|i| (i % 7) as f32).collect();
+    let sum = |part: &[f32]| -> f32 {
+        let mut lanes = [0f32; 16];
+        for c in part.chunks_exact(16) {
+            for (l, v) in lanes.iter_mut().zip(c) {
+                *l += v;
+            }
+        }
+        lanes.iter().sum()
+    };
+    let bytes = (data.len() * 4) as f64;
+    for threads in [1usize, 2] {
+        let mut best = f64::INFINITY;
+        for _ in 0..3 {
+            let t = Instant::now();
+            std::thread::scope(|s| {
+                for part in data.chunks(data.len() / threads) {
+                    s.spawn(move || std::hint::black_box(sum(part)));
+                }
+            });
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "sequential read, {threads} thread(s): {:.1} GB/s",
+            bytes / best / 1e9
+        );
     }
 }

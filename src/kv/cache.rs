@@ -160,7 +160,10 @@ pub struct KvCache {
 impl KvCache {
     /// A cache for a model of `num_layers` layers and `kv_dim` KV floats per position.
     pub fn new(config: KvConfig, num_layers: usize, kv_dim: usize) -> Result<Self, KvError> {
-        let storage = KvStorage::new(config, num_layers, kv_dim)?;
+        Self::with_storage(KvStorage::new(config, num_layers, kv_dim)?)
+    }
+
+    fn with_storage(storage: KvStorage) -> Result<Self, KvError> {
         Ok(KvCache {
             pool: BlockPool::new(storage.num_blocks(), storage.block_size()),
             storage,
@@ -175,8 +178,16 @@ impl KvCache {
     }
 
     /// A cache shaped for `model`.
+    /// A cache shaped for `model`, each block storing one KV head after the other.
     pub fn for_model(config: KvConfig, model: &ModelConfig) -> Result<Self, KvError> {
-        Self::new(config, model.num_layers, model.kv_dim())
+        let storage =
+            KvStorage::with_heads(config, model.num_layers, model.kv_dim(), model.num_kv_heads)?;
+        Self::with_storage(storage)
+    }
+
+    /// KV heads each block stores one after the other (1: plain rows of `kv_dim`).
+    pub fn kv_heads(&self) -> usize {
+        self.storage.kv_heads()
     }
 
     // ----- block bookkeeping --------------------------------------------------------

@@ -23,9 +23,10 @@ impl KvStore for KvCache {
     }
 
     fn chunks(&self, layer: usize, slot: usize, len: usize) -> Vec<KvChunk<'_>> {
+        let heads = self.kv_heads();
         self.read_blocks(SeqId::from_slot(slot), layer, len)
             .into_iter()
-            .map(|(keys, values)| KvChunk { keys, values })
+            .map(|(keys, values)| KvChunk::head_major(keys, values, heads))
             .collect()
     }
 }

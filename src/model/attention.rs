@@ -8,12 +8,55 @@
 use super::error::ModelError;
 use super::kernels::{dot_rows, exp_in_place, weighted_sum};
 
-/// A contiguous run of cached positions: `rows` keys and values, each `kv_dim` wide
-/// (all KV heads of one position side by side).
+/// A contiguous run of cached positions' keys and values, `kv_dim` floats a position,
+/// laid out either as plain rows (all KV heads of a position side by side: `heads`
+/// is 1) or head after head (`[heads, rows, head_dim]`: one KV head's rows contiguous,
+/// the paged cache's blocks). Values are laid out as the keys.
 #[derive(Debug, Clone, Copy)]
 pub struct KvChunk<'a> {
     pub keys: &'a [f32],
     pub values: &'a [f32],
+    /// 1 for plain rows, else the number of KV heads stored one after the other.
+    pub heads: usize,
+}
+
+impl<'a> KvChunk<'a> {
+    /// Plain rows of `kv_dim`.
+    pub fn rows(keys: &'a [f32], values: &'a [f32]) -> Self {
+        KvChunk {
+            keys,
+            values,
+            heads: 1,
+        }
+    }
+
+    /// `[heads, rows, head_dim]`.
+    pub fn head_major(keys: &'a [f32], values: &'a [f32], heads: usize) -> Self {
+        KvChunk {
+            keys,
+            values,
+            heads,
+        }
+    }
+
+    /// Row `r`'s `head_dim` keys and values of KV head `h` (`kv_dim` floats a row).
+    fn head_row(
+        &self,
+        h: usize,
+        r: usize,
+        kv_dim: usize,
+        head_dim: usize,
+    ) -> (&'a [f32], &'a [f32]) {
+        let at = if self.heads == 1 {
+            r * kv_dim + h * head_dim
+        } else {
+            (h * (self.keys.len() / kv_dim) + r) * head_dim
+        };
+        (
+            &self.keys[at..at + head_dim],
+            &self.values[at..at + head_dim],
+        )
+    }
 }
 
 /// Per-sequence KV state, owned outside the model.
@@ -54,8 +97,9 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
-/// One sequence's cached key rows and value rows, in position order.
-type SeqRows<'a> = (Vec<&'a [f32]>, Vec<&'a [f32]>);
+/// One sequence's cached key rows and value rows of one KV head (`head_dim` each), in
+/// position order.
+type HeadRows<'a> = (Vec<&'a [f32]>, Vec<&'a [f32]>);
 
 /// Below this many (token, KV head) items, a plan makes one item per query head (see
 /// [`AttentionPlan`]).
@@ -88,9 +132,10 @@ pub struct AttentionPlan<'a> {
     heads_per_item: usize,
     /// Per new token: its sequence (index into `seq_rows`) and position.
     row_info: Vec<(usize, usize)>,
-    /// Per sequence: its cached positions' key rows and value rows (`kv_dim` wide), in
-    /// order, flattened from the store's runs once per layer rather than per item.
-    seq_rows: Vec<SeqRows<'a>>,
+    /// Per sequence, per KV head: its cached positions' key rows and value rows
+    /// (`head_dim` wide), in order, flattened from the store's runs once per layer
+    /// rather than per item.
+    seq_rows: Vec<Vec<HeadRows<'a>>>,
     /// The items in the order they run: (token row, first query head).
     items: Vec<(u32, u32)>,
 }
@@ -110,23 +155,27 @@ impl<'a> AttentionPlan<'a> {
         let mut run_starts: Vec<Vec<usize>> = Vec::with_capacity(spans.len());
         for (s, span) in spans.iter().enumerate() {
             let len = span.start + span.len;
-            let (mut keys, mut values) = (Vec::with_capacity(len), Vec::with_capacity(len));
+            let mut heads: Vec<HeadRows> = (0..shape.num_kv_heads)
+                .map(|_| (Vec::with_capacity(len), Vec::with_capacity(len)))
+                .collect();
             let mut starts = Vec::new();
+            let mut filled = 0;
             for chunk in store.chunks(layer, span.slot, len) {
-                if keys.len() >= len {
+                if filled >= len {
                     break;
                 }
                 starts.push(chunk.keys.as_ptr() as usize);
-                let rows = chunk
-                    .keys
-                    .chunks_exact(kv_dim)
-                    .zip(chunk.values.chunks_exact(kv_dim));
-                for (k, v) in rows.take(len - keys.len()) {
-                    keys.push(k);
-                    values.push(v);
+                let rows = (chunk.keys.len() / kv_dim).min(len - filled);
+                for (h, (keys, values)) in heads.iter_mut().enumerate() {
+                    for r in 0..rows {
+                        let (k, v) = chunk.head_row(h, r, kv_dim, shape.head_dim);
+                        keys.push(k);
+                        values.push(v);
+                    }
                 }
+                filled += rows;
             }
-            seq_rows.push((keys, values));
+            seq_rows.push(heads);
             run_starts.push(starts);
             for i in 0..span.len {
                 row_info.push((s, span.start + i));
@@ -193,12 +242,12 @@ impl<'a> AttentionPlan<'a> {
         let (s, position) = self.row_info[row];
         let qs = &q[row * q_dim + first_head * head_dim..][..heads * head_dim];
         let n = position + 1;
-        let (k_rows, v_rows) = &self.seq_rows[s];
+        let (k_rows, v_rows) = &self.seq_rows[s][kv_head];
         let (k_rows, v_rows) = (&k_rows[..n], &v_rows[..n]);
         // scores[h * n + j]: the item's head h against position j.
         let mut scores = vec![0f32; heads * n];
         for (q_h, sc) in qs.chunks_exact(head_dim).zip(scores.chunks_exact_mut(n)) {
-            dot_rows(q_h, k_rows, kv_head * head_dim, sc);
+            dot_rows(q_h, k_rows, 0, sc);
             for v in sc.iter_mut() {
                 *v *= scale;
             }
@@ -214,7 +263,7 @@ impl<'a> AttentionPlan<'a> {
         }
         for (h, out_h) in out.chunks_exact_mut(head_dim).enumerate() {
             let probs = &scores[h * n..(h + 1) * n];
-            weighted_sum(v_rows, kv_head * head_dim, probs, inv[h], out_h);
+            weighted_sum(v_rows, 0, probs, inv[h], out_h);
         }
     }
 }
@@ -302,7 +351,7 @@ impl KvStore for DenseKvStore {
 
     fn chunks(&self, layer: usize, slot: usize, _len: usize) -> Vec<KvChunk<'_>> {
         match self.seqs.get(slot).and_then(|l| l.get(layer)) {
-            Some((k, v)) => vec![KvChunk { keys: k, values: v }],
+            Some((k, v)) => vec![KvChunk::rows(k, v)],
             None => Vec::new(),
         }
     }
