@@ -3,7 +3,7 @@
 //!
 //! - [`ids`] — the newtypes [`BlockId`], [`SeqId`], [`PinId`].
 //! - [`error`] — [`KvError`].
-//! - [`storage`] — [`KvStorage`] — per-layer `[num_blocks, block_size, kv_dim]` K and V
+//! - [`storage`] — [`KvStorage`] — per-layer `[num_blocks, kv_heads, block_size, head_dim]` K and V
 //!   buffers sized from a byte budget ([`KvConfig`]), row writes, block copy: the bytes.
 //! - [`pool`] — [`BlockPool`] — the one owner of every block's state (free / cached /
 //!   in use): refcounts, free list, the LRU of cached blocks and the prefix index.
