@@ -138,3 +138,55 @@ fn store_past_the_reservation_is_an_error() {
     ));
     c.check_invariants().unwrap();
 }
+
+/// A block holds each KV head's rows contiguously (`[kv_heads, block_size, head_dim]`)
+/// when the storage has several heads: a row write scatters its heads there, and a
+/// copy-on-write copies each head's first rows and nothing past them.
+#[test]
+fn head_major_blocks_hold_each_heads_rows_together_and_copy_per_head() {
+    use treegrpo::kv::KvStorage;
+    let (block_size, heads, head_dim) = (4, 2, 4);
+    let kv_dim = heads * head_dim;
+    let config = KvConfig {
+        block_size,
+        budget_bytes: 3 * 2 * LAYERS * block_size * kv_dim * 4,
+    };
+    let mut st = KvStorage::with_heads(config, LAYERS, kv_dim, heads).unwrap();
+    assert_eq!(st.kv_heads(), heads);
+    let key = |r: usize| -> Vec<f32> { (0..kv_dim).map(|j| (r * 100 + j) as f32).collect() };
+    let value = |r: usize| -> Vec<f32> { key(r).iter().map(|k| -k).collect() };
+    let (src, dst) = (BlockId::new(0), BlockId::new(2));
+    for r in 0..block_size {
+        st.write_row(1, src, r, &key(r), &value(r));
+    }
+    let keys = st.keys(1, src);
+    for r in 0..block_size {
+        for h in 0..heads {
+            let at = (h * block_size + r) * head_dim;
+            assert_eq!(
+                &keys[at..at + head_dim],
+                &key(r)[h * head_dim..(h + 1) * head_dim]
+            );
+        }
+    }
+    st.copy_block(src, dst, 3);
+    let (copied, copied_values) = (st.keys(1, dst), st.values(1, dst));
+    for h in 0..heads {
+        for r in 0..block_size {
+            let at = (h * block_size + r) * head_dim;
+            let want: Vec<f32> = if r < 3 {
+                key(r)[h * head_dim..(h + 1) * head_dim].to_vec()
+            } else {
+                vec![0.0; head_dim]
+            };
+            assert_eq!(&copied[at..at + head_dim], &want[..], "head {h} row {r}");
+            let want_v: Vec<f32> = want.iter().map(|k| -k).collect();
+            assert_eq!(&copied_values[at..at + head_dim], &want_v[..]);
+        }
+    }
+    // A head count that does not divide the row is refused, not mis-laid.
+    assert!(matches!(
+        KvStorage::with_heads(config, LAYERS, kv_dim, 3),
+        Err(KvError::InvalidConfig(_))
+    ));
+}
