@@ -177,7 +177,6 @@ impl KvCache {
         })
     }
 
-    /// A cache shaped for `model`.
     /// A cache shaped for `model`, each block storing one KV head after the other.
     pub fn for_model(config: KvConfig, model: &ModelConfig) -> Result<Self, KvError> {
         let storage =

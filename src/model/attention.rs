@@ -164,6 +164,14 @@ impl<'a> AttentionPlan<'a> {
                 if filled >= len {
                     break;
                 }
+                // A head-major run must hold exactly the model's KV heads, or rows
+                // would be read from the wrong place.
+                assert!(
+                    chunk.heads == 1 || chunk.heads == shape.num_kv_heads,
+                    "a KV run of {} heads for a model of {}",
+                    chunk.heads,
+                    shape.num_kv_heads
+                );
                 starts.push(chunk.keys.as_ptr() as usize);
                 let rows = (chunk.keys.len() / kv_dim).min(len - filled);
                 for (h, (keys, values)) in heads.iter_mut().enumerate() {

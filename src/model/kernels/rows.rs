@@ -63,9 +63,8 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
 }
 
 /// How many rows ahead attention's row loops ask for their data: the rows of a
-/// sequence's cache lie in scattered blocks (and each head reads a strided part of a
-/// row), which the hardware prefetcher does not follow, so without it the loops wait
-/// on memory for every row.
+/// sequence's cache lie in scattered blocks, which the hardware prefetcher does not
+/// follow, so without it the loops wait on memory at every block.
 pub(super) const PREFETCH_ROWS: usize = 16;
 
 /// Asks the cache hierarchy for `len` floats from `at` (a hint: no effect on results,
