@@ -30,10 +30,12 @@ fn main() {
             .iter()
             .filter(|m| keep(1, &format!("{:?}", m.format())))
         {
-            for rows in [1usize, 8, 32, 64]
-                .into_iter()
-                .filter(|r| keep(2, &r.to_string()))
-            {
+            // A third argument names any row count, not only the table's.
+            let rows_list = match filter.get(2).and_then(|r| r.parse::<usize>().ok()) {
+                Some(r) => vec![r],
+                None => vec![1usize, 8, 32, 64],
+            };
+            for rows in rows_list {
                 let x: Vec<f32> = (0..rows * inp).map(|i| (i % 13) as f32 / 13.0).collect();
                 let iters = if isa == Isa::Scalar {
                     3

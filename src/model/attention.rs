@@ -6,7 +6,7 @@
 //! per block, a dense one a single run, and the kernel never concatenates a cache.
 
 use super::error::ModelError;
-use super::kernels::{dot_rows, exp_in_place, weighted_sum};
+use super::kernels::{dot_rows_heads, exp_in_place, max_of, weighted_sum_heads};
 
 /// A contiguous run of cached positions' keys and values, `kv_dim` floats a position,
 /// laid out either as plain rows (all KV heads of a position side by side: `heads`
@@ -39,23 +39,26 @@ impl<'a> KvChunk<'a> {
         }
     }
 
-    /// Row `r`'s `head_dim` keys and values of KV head `h` (`kv_dim` floats a row).
-    fn head_row(
+    /// The first `rows` rows of KV head `h` in `data` (this run's keys or values), each
+    /// `head_dim` wide: consecutive slices of one block when head-major, every
+    /// `kv_dim`-th when plain rows.
+    fn head_rows(
         &self,
+        data: &'a [f32],
         h: usize,
-        r: usize,
+        rows: usize,
         kv_dim: usize,
         head_dim: usize,
-    ) -> (&'a [f32], &'a [f32]) {
-        let at = if self.heads == 1 {
-            r * kv_dim + h * head_dim
+    ) -> impl Iterator<Item = &'a [f32]> {
+        let (start, stride) = if self.heads == 1 {
+            (h * head_dim, kv_dim)
         } else {
-            (h * (self.keys.len() / kv_dim) + r) * head_dim
+            (h * (data.len() / kv_dim) * head_dim, head_dim)
         };
-        (
-            &self.keys[at..at + head_dim],
-            &self.values[at..at + head_dim],
-        )
+        data[start..]
+            .chunks(stride)
+            .take(rows)
+            .map(move |row| &row[..head_dim])
     }
 }
 
@@ -175,11 +178,8 @@ impl<'a> AttentionPlan<'a> {
                 starts.push(chunk.keys.as_ptr() as usize);
                 let rows = (chunk.keys.len() / kv_dim).min(len - filled);
                 for (h, (keys, values)) in heads.iter_mut().enumerate() {
-                    for r in 0..rows {
-                        let (k, v) = chunk.head_row(h, r, kv_dim, shape.head_dim);
-                        keys.push(k);
-                        values.push(v);
-                    }
+                    keys.extend(chunk.head_rows(&chunk.keys, h, rows, kv_dim, shape.head_dim));
+                    values.extend(chunk.head_rows(&chunk.values, h, rows, kv_dim, shape.head_dim));
                 }
                 filled += rows;
             }
@@ -252,27 +252,23 @@ impl<'a> AttentionPlan<'a> {
         let n = position + 1;
         let (k_rows, v_rows) = &self.seq_rows[s][kv_head];
         let (k_rows, v_rows) = (&k_rows[..n], &v_rows[..n]);
-        // scores[h * n + j]: the item's head h against position j.
+        // scores[h * n + j]: the item's head h against position j. The item's heads
+        // share their KV head, so each key and value row is read once for all of them.
         let mut scores = vec![0f32; heads * n];
-        for (q_h, sc) in qs.chunks_exact(head_dim).zip(scores.chunks_exact_mut(n)) {
-            dot_rows(q_h, k_rows, 0, sc);
-            for v in sc.iter_mut() {
-                *v *= scale;
-            }
+        dot_rows_heads(qs, heads, k_rows, &mut scores);
+        for v in scores.iter_mut() {
+            *v *= scale;
         }
         let mut inv = vec![0f32; heads];
         for (h, sc) in scores.chunks_exact_mut(n).enumerate() {
-            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let max = max_of(sc);
             for v in sc.iter_mut() {
                 *v -= max;
             }
             exp_in_place(sc);
             inv[h] = 1.0 / sc.iter().fold(0f32, |sum, &v| sum + v);
         }
-        for (h, out_h) in out.chunks_exact_mut(head_dim).enumerate() {
-            let probs = &scores[h * n..(h + 1) * n];
-            weighted_sum(v_rows, 0, probs, inv[h], out_h);
-        }
+        weighted_sum_heads(v_rows, &scores, &inv, out);
     }
 }
 

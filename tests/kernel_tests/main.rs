@@ -324,6 +324,80 @@ fn attention_scores_four_keys_at_a_time_equal_the_fixed_order_dot() {
 }
 
 #[test]
+fn grouped_query_heads_read_each_row_once_and_equal_one_head_at_a_time() {
+    use treegrpo::model::kernels::{dot_rows, dot_rows_heads, weighted_sum, weighted_sum_heads};
+    let mut rng = Lcg(29);
+    // Heads 1-4 run as one group on AVX-512, 5 and 7 in pieces; widths past 64 and
+    // not a multiple of 64 take the per-head remainder; 0 and 3 rows the tail paths.
+    for (heads, n, dim) in [
+        (3, 37, 64),
+        (1, 4, 64),
+        (2, 9, 128),
+        (4, 3, 64),
+        (5, 21, 80),
+        (7, 16, 48),
+        (3, 0, 64),
+    ] {
+        let qs = rng.vec(heads * dim);
+        let rows_data: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(dim)).collect();
+        let rows: Vec<&[f32]> = rows_data.iter().map(|r| &r[..]).collect();
+        let probs: Vec<f32> = rng.vec(heads * n).iter().map(|v| v.abs()).collect();
+        let scales: Vec<f32> = rng.vec(heads).iter().map(|v| v.abs() + 0.1).collect();
+        for isa in variants() {
+            isa.force().unwrap();
+            // One head at a time, on the single-head loops.
+            let mut scores = vec![0f32; heads * n];
+            let mut sums = rng.vec(heads * dim);
+            let start = sums.clone();
+            for h in 0..heads {
+                dot_rows(
+                    &qs[h * dim..(h + 1) * dim],
+                    &rows,
+                    0,
+                    &mut scores[h * n..(h + 1) * n],
+                );
+                let p = &probs[h * n..(h + 1) * n];
+                weighted_sum(&rows, 0, p, scales[h], &mut sums[h * dim..(h + 1) * dim]);
+            }
+            let mut grouped_scores = vec![0f32; heads * n];
+            dot_rows_heads(&qs, heads, &rows, &mut grouped_scores);
+            let mut grouped_sums = start;
+            weighted_sum_heads(&rows, &probs, &scales, &mut grouped_sums);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&grouped_scores),
+                bits(&scores),
+                "{isa:?} {heads} heads n {n}"
+            );
+            assert_eq!(
+                bits(&grouped_sums),
+                bits(&sums),
+                "{isa:?} {heads} heads n {n}"
+            );
+        }
+        Isa::best().force().unwrap();
+    }
+}
+
+#[test]
+fn softmax_maximum_in_lanes_equals_the_sequential_fold() {
+    use treegrpo::model::kernels::max_of;
+    let mut rng = Lcg(31);
+    let fold = |x: &[f32]| x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for n in [0, 1, 15, 16, 17, 100, 1031] {
+        let mut x = rng.vec(n);
+        assert_eq!(max_of(&x).to_bits(), fold(&x).to_bits(), "n {n}");
+        if n > 3 {
+            // A NaN is ignored, as `f32::max` ignores it; −∞ scores (masked) too.
+            x[n / 2] = f32::NAN;
+            x[1] = f32::NEG_INFINITY;
+            assert_eq!(max_of(&x).to_bits(), fold(&x).to_bits(), "n {n} with NaN");
+        }
+    }
+    assert_eq!(max_of(&[f32::NEG_INFINITY; 20]), f32::NEG_INFINITY);
+}
+
+#[test]
 fn vectorised_exp_equals_f32_exp_bit_for_bit() {
     use treegrpo::model::kernels::exp_in_place_with;
     // Every 61st f32 bit pattern below 100 in magnitude, both signs (about 36M

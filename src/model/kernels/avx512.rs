@@ -108,4 +108,105 @@ pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &m
     }
 }
 
+/// [`dot_rows`] for `H` query heads at once (grouped-query attention's heads that
+/// share a KV head): each key row is loaded once for all of them, and head `h`'s
+/// scores go to `out[h * rows.len()..]`. Each (head, key) is the same chain of `fma`s
+/// and the same reduction as `dot_rows`, so every score is bit-identical to it.
+///
+/// # Safety
+/// The CPU supports AVX-512F and AVX2; `qs.len() == H * dim` with `dim` a multiple of
+/// 16, every row holds `dim` values; `out.len() == H * rows.len()`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn dot_rows_heads<const H: usize>(qs: &[f32], rows: &[&[f32]], out: &mut [f32]) {
+    let (n, dim) = (rows.len(), qs.len() / H);
+    let chunks = dim / 16;
+    let qp = qs.as_ptr();
+    let mut j = 0;
+    while j + 4 <= n {
+        let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr());
+        for ahead in rows.iter().skip(j + super::rows::PREFETCH_ROWS).take(4) {
+            super::rows::prefetch_span(ahead.as_ptr(), dim);
+        }
+        let mut acc = [[_mm512_setzero_ps(); 4]; H];
+        for c in 0..chunks {
+            let k: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(p[i].add(16 * c)));
+            for (h, acc_h) in acc.iter_mut().enumerate() {
+                let qc = _mm512_loadu_ps(qp.add(h * dim + 16 * c));
+                for i in 0..4 {
+                    acc_h[i] = _mm512_fmadd_ps(qc, k[i], acc_h[i]);
+                }
+            }
+        }
+        for (h, acc_h) in acc.iter().enumerate() {
+            let s: [__m256; 4] = std::array::from_fn(|i| {
+                _mm256_add_ps(
+                    _mm512_castps512_ps256(acc_h[i]),
+                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc_h[i]), 1)),
+                )
+            });
+            out[h * n + j..h * n + j + 4].copy_from_slice(&super::avx2::reduce_four(s));
+        }
+        j += 4;
+    }
+    for (jj, row) in rows.iter().enumerate().skip(j) {
+        for h in 0..H {
+            out[h * n + jj] = super::rows::dot_fixed(&qs[h * dim..(h + 1) * dim], &row[..dim]);
+        }
+    }
+}
+
+/// [`super::rows::weighted_sum`] for `H` query heads at once: head `h` adds
+/// `Σ_j (probs[h·n + j] · scales[h]) · rows[j]` into `out[h·width..(h+1)·width]`. Each
+/// value row is loaded once for all heads; every lane still receives its own
+/// product-then-sum in row order from zero, so each head's result is bit-identical to
+/// `weighted_sum` alone.
+///
+/// # Safety
+/// The CPU supports AVX-512F; `out.len() == H * width`, `probs.len() == H * rows.len()`,
+/// `scales.len() == H`, and every row holds `width` values.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn weighted_sum_heads<const H: usize>(
+    rows: &[&[f32]],
+    probs: &[f32],
+    scales: &[f32],
+    out: &mut [f32],
+) {
+    let (n, width) = (rows.len(), out.len() / H);
+    let mut d0 = 0;
+    while d0 + 64 <= width {
+        let mut acc = [[_mm512_setzero_ps(); 4]; H];
+        for (j, row) in rows.iter().enumerate() {
+            if let Some(ahead) = rows.get(j + super::rows::PREFETCH_ROWS) {
+                super::rows::prefetch_span(ahead.as_ptr().add(d0), 64);
+            }
+            let at = row.as_ptr().add(d0);
+            let v: [__m512; 4] = std::array::from_fn(|c| _mm512_loadu_ps(at.add(16 * c)));
+            for (h, acc_h) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(probs[h * n + j] * scales[h]);
+                for c in 0..4 {
+                    acc_h[c] = _mm512_add_ps(_mm512_mul_ps(w, v[c]), acc_h[c]);
+                }
+            }
+        }
+        for (h, acc_h) in acc.iter().enumerate() {
+            for (c, a) in acc_h.iter().enumerate() {
+                let o = out.as_mut_ptr().add(h * width + d0 + 16 * c);
+                _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), *a));
+            }
+        }
+        d0 += 64;
+    }
+    if d0 < width {
+        for h in 0..H {
+            super::rows::weighted_sum::<Avx512>(
+                rows,
+                d0,
+                &probs[h * n..(h + 1) * n],
+                scales[h],
+                &mut out[h * width + d0..(h + 1) * width],
+            );
+        }
+    }
+}
+
 super::tile::entry_points!(Avx512, "avx512f");

@@ -51,7 +51,7 @@ use rayon::prelude::*;
 pub use exp::{exp_in_place, exp_in_place_with};
 pub use int8::Int8Matrix;
 pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
-pub use rows::dot_fixed;
+pub use rows::{dot_fixed, max_of};
 
 /// Most accumulator vectors one tile produces (4 panels × 1 row, or 2 × 8).
 pub(crate) const MAX_TILE: usize = 16;
@@ -225,46 +225,46 @@ impl<'a> OutputSink<'a> {
         self
     }
 
-    fn write(
-        &self,
-        r: usize,
-        col0: usize,
-        values: &[f32; PANEL],
-        f: impl Fn(f32, &mut f32, usize),
-    ) {
+    /// Row `r`'s outputs `col0..col0 + 16` (fewer past `cols`), given as a slice so the
+    /// epilogue's loops run on whole vectors.
+    ///
+    /// # Safety
+    /// No other reference to these outputs is live: a matmul reports each (row, panel)
+    /// once (see `TileSink`), and the caller drops the slice before the next.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn panel_out(&self, r: usize, col0: usize) -> &mut [f32] {
         let n = PANEL.min(self.cols.saturating_sub(col0));
         let start = r * self.width + col0;
         assert!(start + n <= self.len, "sink row {r} out of bounds");
-        for (l, v) in values.iter().enumerate().take(n) {
-            // SAFETY: in bounds (checked above) and written by this tile only.
-            unsafe { f(*v, &mut *self.out.add(start + l), col0 + l) };
-        }
+        // SAFETY: in bounds (checked above); unaliased by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.out.add(start), n) }
     }
 }
 
 impl TileSink for OutputSink<'_> {
     fn tile(&self, r0: usize, nr: usize, p0: usize, np: usize, acc: &[[f32; PANEL]]) {
         for r in 0..nr {
-            let row = &acc[r * np..(r + 1) * np];
-            match self.epilogue {
-                Epilogue::Store => {
-                    for (j, a) in row.iter().enumerate() {
-                        self.write(r0 + r, (p0 + j) * PANEL, a, |v, o, c| {
-                            *o = match self.bias {
-                                Some(b) => v + b[c],
-                                None => v,
-                            }
-                        });
+            for (j, a) in acc[r * np..(r + 1) * np].iter().enumerate() {
+                let col0 = (p0 + j) * PANEL;
+                // SAFETY: each (row, panel) is reported once; the slice dies here.
+                let out = unsafe { self.panel_out(r0 + r, col0) };
+                let a = &a[..out.len()];
+                match (self.epilogue, self.bias) {
+                    (Epilogue::Store, None) => out.copy_from_slice(a),
+                    (Epilogue::Store, Some(b)) => {
+                        for ((o, v), b) in out.iter_mut().zip(a).zip(&b[col0..]) {
+                            *o = v + b;
+                        }
                     }
-                }
-                Epilogue::Accumulate => {
-                    for (j, a) in row.iter().enumerate() {
-                        self.write(r0 + r, (p0 + j) * PANEL, a, |v, o, c| {
-                            *o += match self.bias {
-                                Some(b) => v + b[c],
-                                None => v,
-                            }
-                        });
+                    (Epilogue::Accumulate, None) => {
+                        for (o, v) in out.iter_mut().zip(a) {
+                            *o += v;
+                        }
+                    }
+                    (Epilogue::Accumulate, Some(b)) => {
+                        for ((o, v), b) in out.iter_mut().zip(a).zip(&b[col0..]) {
+                            *o += v + b;
+                        }
                     }
                 }
             }
@@ -368,6 +368,99 @@ pub fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
     }
     for (o, row) in out.iter_mut().zip(rows) {
         *o = rows::dot_fixed(q, &row[offset..offset + q.len()]);
+    }
+}
+
+/// Most query heads the grouped AVX-512 row loops take at once (their accumulators,
+/// four vectors a head, must stay in the 32 registers); larger groups go in pieces.
+const MAX_HEADS_AT_ONCE: usize = 4;
+
+/// [`dot_rows`] of `heads` queries (`qs`: `heads × dim`, grouped-query attention's heads
+/// sharing one KV head) with the same rows, head `h`'s scores into
+/// `out[h · rows.len()..]`. On AVX-512 each key row is read once for up to four heads;
+/// every score is bit-identical to `dot_rows`'s.
+///
+/// # Panics
+/// If `qs` is not `heads` queries, `out` is not `heads × rows.len()`, or a row is
+/// shorter than a query.
+pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: &[&[f32]], out: &mut [f32]) {
+    assert!(
+        heads > 0 && qs.len().is_multiple_of(heads),
+        "{heads} heads in {} values",
+        qs.len()
+    );
+    let (n, dim) = (rows.len(), qs.len() / heads);
+    assert!(out.len() == heads * n && rows.iter().all(|r| r.len() >= dim));
+    #[cfg(target_arch = "x86_64")]
+    if dim.is_multiple_of(16) && Isa::active() == Isa::Avx512 && Isa::Avx2.available() {
+        let mut h0 = 0;
+        while h0 < heads {
+            let h = (heads - h0).min(MAX_HEADS_AT_ONCE);
+            let (q, o) = (
+                &qs[h0 * dim..(h0 + h) * dim],
+                &mut out[h0 * n..(h0 + h) * n],
+            );
+            // SAFETY: the CPU runs AVX-512F and AVX2 (checked); shapes asserted above.
+            unsafe {
+                match h {
+                    1 => avx512::dot_rows_heads::<1>(q, rows, o),
+                    2 => avx512::dot_rows_heads::<2>(q, rows, o),
+                    3 => avx512::dot_rows_heads::<3>(q, rows, o),
+                    _ => avx512::dot_rows_heads::<4>(q, rows, o),
+                }
+            }
+            h0 += h;
+        }
+        return;
+    }
+    for (q, o) in qs.chunks_exact(dim).zip(out.chunks_exact_mut(n.max(1))) {
+        dot_rows(q, rows, 0, &mut o[..n]);
+    }
+}
+
+/// [`weighted_sum`] for `heads` heads over the same value rows: head `h` adds
+/// `Σ_j (probs[h·n + j] · scales[h]) · rows[j]` into `out[h·width..(h+1)·width]`. On
+/// AVX-512 each value row is read once for up to four heads; every head's result is
+/// bit-identical to `weighted_sum`'s.
+///
+/// # Panics
+/// If `scales` is not `heads` long, `probs` is not `heads × rows.len()`, `out` is not
+/// `heads` equal widths, or a row is shorter than a width.
+pub fn weighted_sum_heads(rows: &[&[f32]], probs: &[f32], scales: &[f32], out: &mut [f32]) {
+    let heads = scales.len();
+    let n = rows.len();
+    assert!(heads > 0 && out.len().is_multiple_of(heads) && probs.len() == heads * n);
+    let width = out.len() / heads;
+    assert!(rows.iter().all(|r| r.len() >= width));
+    #[cfg(target_arch = "x86_64")]
+    if Isa::active() == Isa::Avx512 {
+        let mut h0 = 0;
+        while h0 < heads {
+            let h = (heads - h0).min(MAX_HEADS_AT_ONCE);
+            let (p, s) = (&probs[h0 * n..(h0 + h) * n], &scales[h0..h0 + h]);
+            let o = &mut out[h0 * width..(h0 + h) * width];
+            // SAFETY: the CPU runs AVX-512F (`Isa::active` only returns variants it
+            // runs); shapes asserted above.
+            unsafe {
+                match h {
+                    1 => avx512::weighted_sum_heads::<1>(rows, p, s, o),
+                    2 => avx512::weighted_sum_heads::<2>(rows, p, s, o),
+                    3 => avx512::weighted_sum_heads::<3>(rows, p, s, o),
+                    _ => avx512::weighted_sum_heads::<4>(rows, p, s, o),
+                }
+            }
+            h0 += h;
+        }
+        return;
+    }
+    for (h, o) in out.chunks_exact_mut(width.max(1)).enumerate().take(heads) {
+        weighted_sum(
+            rows,
+            0,
+            &probs[h * n..(h + 1) * n],
+            scales[h],
+            &mut o[..width],
+        );
     }
 }
 

@@ -125,3 +125,23 @@ pub fn dot_fixed(a: &[f32], b: &[f32]) -> f32 {
     }
     lanes[0] + tail
 }
+
+/// The largest value of `x` (`−∞` when empty, NaNs ignored as `f32::max` does), sixteen
+/// lanes at a time: a maximum does not depend on the order it is taken in, so this
+/// equals the sequential `fold` up to the sign of a zero maximum, which softmax's
+/// `exp(v − max)` cannot see. A sequential fold is one dependent `max` per score.
+pub fn max_of(x: &[f32]) -> f32 {
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let chunks = x.chunks_exact(L);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..L {
+            lanes[l] = lanes[l].max(c[l]);
+        }
+    }
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v))
+}
