@@ -6,7 +6,9 @@
 //!   nats (only summation order differs);
 //! - a run stopped after a step and resumed from its checkpoint writes the same log as
 //!   the uninterrupted run (timings aside), and every line of an interrupted log is
-//!   whole;
+//!   whole; its KL is against the frozen start weights: 0 at the first step (policy and
+//!   reference are one), above 0 once an update has moved the policy, the same after a
+//!   resume (the reference is restored from the run folder, not the moved weights);
 //! - learning: a warm-start on the oracle's demonstrations then Tree-GRPO steps raise
 //!   the greedy eval reward by a stated margin, and the same run at learning rate 0
 //!   does not move it at all.
@@ -28,7 +30,7 @@ use treegrpo::model::kernels::WeightFormat;
 use treegrpo::model::LoadedModel;
 use treegrpo::rollout::{demonstrations, Selection, TreeConfig, TreeShape};
 use treegrpo::train::pack::pack;
-use treegrpo::train::{Optimizer, OptimizerConfig, Params, UpdateConfig};
+use treegrpo::train::{KlReference, Optimizer, OptimizerConfig, Params, UpdateConfig};
 
 fn model() -> Arc<LoadedModel> {
     Arc::new(LoadedModel::load(&common::default_model()).unwrap())
@@ -152,6 +154,7 @@ fn loop_config(
         eval_prompts,
         checkpoint_every,
         serve_format: WeightFormat::F32,
+        kl_reference: KlReference::Previous,
     }
 }
 
@@ -200,8 +203,13 @@ fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
     let dir = tempfile::tempdir().unwrap();
     let rt = rt();
 
+    // A frozen KL reference: the run's start weights, kept in the run folder.
+    let config = || LoopConfig {
+        kl_reference: KlReference::Start,
+        ..small_config(3)
+    };
     let whole = dir.path().join("whole");
-    let mut run = new_run(&m, small_config(3), &whole, 1e-5);
+    let mut run = new_run(&m, config(), &whole, 1e-5);
     let outcome = rt
         .block_on(run.run(Arc::new(StopSignal::default()), no_events()))
         .unwrap();
@@ -223,10 +231,16 @@ fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
     assert!(expected[1..]
         .iter()
         .all(|l| l.rollouts > 0 && l.tokens.computed > 0));
+    assert!(whole.join("reference/model.safetensors").exists());
+    // Step 1 samples and updates the start weights themselves: the reference forward
+    // gives the update's own log-probabilities, so the KL vanishes; by step 3 two
+    // updates have moved the policy away from the frozen copy.
+    assert!(expected[1].kl.abs() < 1e-12, "step 1 KL {}", expected[1].kl);
+    assert!(expected[3].kl > 0.0, "step 3 KL {}", expected[3].kl);
 
     // The same run, stopped once step 2 has started (as SIGINT would stop it).
     let cut = dir.path().join("cut");
-    let mut run = new_run(&m, small_config(3), &cut, 1e-5);
+    let mut run = new_run(&m, config(), &cut, 1e-5);
     let stop = Arc::new(StopSignal::default());
     let signal = stop.clone();
     let on_event = Box::new(move |e: LoopEvent<'_>| {
@@ -240,7 +254,7 @@ fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
     let interrupted = read_log(&cut.join("log.jsonl")).unwrap();
     assert_eq!(interrupted.len(), 2, "steps 0 and 1, every line whole");
 
-    let run = new_run(&m, small_config(3), &cut, 1e-5);
+    let run = new_run(&m, config(), &cut, 1e-5);
     let mut run = rt.block_on(run.resume()).unwrap();
     assert_eq!(run.state.step, 1);
     let outcome = rt

@@ -15,7 +15,7 @@ use treegrpo::closed_loop::{
 use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::Split;
 use treegrpo::model::kernels::WeightFormat;
-use treegrpo::train::{Optimizer, Params};
+use treegrpo::train::{KlReference, Optimizer, Params};
 
 use super::flags::{TaskFlags, TreeFlags, UpdateFlags};
 
@@ -26,6 +26,16 @@ pub enum ServeFormat {
     F32,
     /// Rounded to bf16: half the bytes a decode step reads.
     Bf16,
+}
+
+/// What the update's KL term compares the policy with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KlReferenceFlag {
+    /// The policy before each update (the KL of a one-step update is 0; the default).
+    Previous,
+    /// The weights the run started from, after the warm-start, kept frozen in
+    /// DIR/reference/ (one more forward per step, and a copy of the weights).
+    Start,
 }
 
 #[derive(Debug, Args)]
@@ -68,6 +78,10 @@ pub struct TrainArgs {
     /// How the engine holds the trained weights.
     #[arg(long, value_enum, default_value = "f32")]
     pub serve: ServeFormat,
+    /// The KL term's reference (`--kl-coef`): previous or start. A resumed run keeps
+    /// the one it was started with.
+    #[arg(long, value_enum, default_value = "previous")]
+    pub kl_reference: KlReferenceFlag,
     /// KV cache budget in MiB (default: a quarter of the available memory).
     #[arg(long)]
     pub kv_mib: Option<usize>,
@@ -134,6 +148,17 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         ServeFormat::Bf16 => WeightFormat::Bf16,
     };
     let advantage = a.advantage.unwrap_or(tree.default_advantage());
+    let kl_reference = match &record {
+        Some(r) => r
+            .get("kl_reference")
+            .map(|v| serde_json::from_value(v.clone()))
+            .transpose()?
+            .unwrap_or_default(),
+        None => match a.kl_reference {
+            KlReferenceFlag::Previous => KlReference::Previous,
+            KlReferenceFlag::Start => KlReference::Start,
+        },
+    };
     let update = a.update.update_config(tree.sampling.logprob_temperature());
     let config = LoopConfig {
         steps: a.steps,
@@ -146,6 +171,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         eval_prompts: a.eval_prompts,
         checkpoint_every: a.checkpoint_every,
         serve_format,
+        kl_reference,
     };
     let engine = Engine::start(
         model.clone(),
@@ -200,6 +226,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             "update": run.config.update,
             "lr": a.update.lr,
             "optimizer": a.update.optimizer_config(),
+            "kl_reference": run.config.kl_reference,
         });
         let p = out.join("run.json");
         std::fs::write(&p, serde_json::to_string_pretty(&record)? + "\n").map_err(io_err(&p))?;

@@ -32,8 +32,9 @@ use crate::model::LoadedModel;
 use crate::rollout::export::TrajectoryRecord;
 use crate::rollout::{run_rollout, Progress, RolloutRequest, RunHooks, RunOptions, TreeConfig};
 use crate::train::{
-    restore_weights, save_checkpoint, update_with_progress, CheckpointExtras, Optimizer, Params,
-    TrainSample, UpdateConfig, UpdateMetrics, UpdateProgress,
+    fill_reference_logprobs, restore_weights, save_checkpoint, update_with_progress,
+    CheckpointExtras, KlReference, Optimizer, Params, TrainSample, UpdateConfig, UpdateMetrics,
+    UpdateProgress,
 };
 
 /// How the loop runs.
@@ -57,6 +58,10 @@ pub struct LoopConfig {
     pub checkpoint_every: u64,
     /// How the engine holds the trainer's weights after an update (f32, bf16, f16).
     pub serve_format: WeightFormat,
+    /// The KL term's reference: the policy before each update, or the weights the run
+    /// started from (kept frozen in `reference/` of the run folder, so a resumed run
+    /// compares with the same weights).
+    pub kl_reference: KlReference,
 }
 
 /// What `loop_state.json` in a checkpoint records.
@@ -136,6 +141,8 @@ pub struct TrainRun {
     pub train: Vec<QaSample>,
     pub test: Vec<QaSample>,
     pub params: Params,
+    /// The frozen start weights, with `KlReference::Start`.
+    reference: Option<Params>,
     pub optimizer: Optimizer,
     pub config: LoopConfig,
     /// The run folder: `log.jsonl`, `checkpoint/`, plots.
@@ -151,6 +158,11 @@ pub struct TrainRun {
 /// The checkpoint folder of a run folder.
 pub fn checkpoint_dir(out: &Path) -> PathBuf {
     out.join("checkpoint")
+}
+
+/// Where a run folder keeps its frozen KL reference weights.
+pub fn reference_dir(out: &Path) -> PathBuf {
+    out.join("reference")
 }
 
 /// The seed of step `step`'s rollouts: a stream of its own per step.
@@ -195,6 +207,10 @@ impl TrainRun {
             ));
         }
         std::fs::create_dir_all(&out).map_err(|e| LoopError::Io(out.clone(), e))?;
+        let reference = match config.kl_reference {
+            KlReference::Start => Some(params.frozen_copy()?),
+            KlReference::Previous => None,
+        };
         Ok(TrainRun {
             engine,
             model,
@@ -202,6 +218,7 @@ impl TrainRun {
             train,
             test,
             params,
+            reference,
             optimizer,
             config,
             state: LoopState {
@@ -236,6 +253,18 @@ impl TrainRun {
             message: e.to_string(),
         })?;
         restore_weights(&dir, &self.params)?;
+        if let Some(reference) = &self.reference {
+            let saved = reference_dir(&self.out);
+            if !saved.join("model.safetensors").exists() {
+                return Err(LoopError::Resume {
+                    path: self.out.clone(),
+                    message: "the run keeps no reference weights (it was started without \
+                              a frozen KL reference)"
+                        .into(),
+                });
+            }
+            restore_weights(&saved, reference)?;
+        }
         let mut optimizer =
             crate::train::load_optimizer(&dir, &self.params)?.ok_or_else(|| LoopError::Resume {
                 path: dir.clone(),
@@ -324,6 +353,18 @@ impl TrainRun {
         let emit = |e: LoopEvent<'_>| (events.lock().expect("an event callback panicked"))(e);
         if self.state.step == 0 && self.logged.is_empty() {
             self.state.base_version = self.engine.stats().await?.weight_version;
+            if let Some(reference) = &self.reference {
+                save_checkpoint(
+                    &reference_dir(&self.out),
+                    reference,
+                    CheckpointExtras {
+                        tokenizer: &self.model.tokenizer,
+                        chat_template: self.model.chat_template.as_ref(),
+                        optimizer: None,
+                        loop_state: None,
+                    },
+                )?;
+            }
             emit(LoopEvent::Evaluating { step: 0 });
             let eval = self.evaluate().await?;
             if stop.is_raised() {
@@ -376,11 +417,18 @@ impl TrainRun {
             }
             let rollout_seconds = t0.elapsed().as_secs_f64();
 
-            // One update on them.
-            let samples = train_samples(&result.records);
+            // One update on them (after the frozen reference scored them, if kept).
+            let mut samples = train_samples(&result.records);
             let mut update_cfg = self.config.update;
             update_cfg.temperature = self.config.tree.sampling.logprob_temperature();
-            let metrics = {
+            let t_reference = Instant::now();
+            if let Some(reference) = &self.reference {
+                tokio::task::block_in_place(|| {
+                    fill_reference_logprobs(reference, &mut samples, &update_cfg)
+                })?;
+            }
+            let reference_seconds = t_reference.elapsed().as_secs_f64();
+            let mut metrics = {
                 let (params, optimizer) = (&self.params, &mut self.optimizer);
                 let mut on_progress = |progress| emit(LoopEvent::Update { step, progress });
                 // The update is CPU work on this thread; the runtime's other workers
@@ -389,6 +437,8 @@ impl TrainRun {
                     update_with_progress(params, optimizer, &samples, &update_cfg, &mut on_progress)
                 })?
             };
+            // The log's update time includes the reference's forward.
+            metrics.seconds += reference_seconds;
             if stop.is_raised() {
                 return Ok(LoopOutcome::Interrupted {
                     completed: self.state.step,

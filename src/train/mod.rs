@@ -16,6 +16,7 @@
 //! - [`checkpoint`]: HF-layout checkpoints (Q/K un-permuted), optimiser state
 //!   beside them, swapped in whole.
 //! - [`update`]: one update — micro-batches, accumulated gradients, one step, metrics.
+//! - [`reference`]: a frozen copy of the start weights scoring the KL's reference.
 //! - [`job`]: one update of a model file into a new checkpoint (optimiser restored),
 //!   as `treegrpo update` and the Python package run it.
 //! - [`serving`]: the trainer's weights as a model the engine serves after a swap.
@@ -33,6 +34,7 @@ pub mod loss;
 pub mod optim;
 pub mod pack;
 pub mod params;
+pub mod reference;
 pub mod scoring;
 pub mod serving;
 pub mod update;
@@ -45,6 +47,7 @@ pub use layout::TreeLayout;
 pub use loss::{policy_loss, LossAgg, LossConfig, LossOutput, LossRow};
 pub use optim::{Optimizer, OptimizerConfig, OptimizerKind};
 pub use params::Params;
+pub use reference::{fill_reference_logprobs, KlReference};
 pub use update::{
     loss_and_gradients, loss_and_gradients_with_progress, update, update_with_progress, Evaluated,
     Forwarded, TrainSample, UpdateConfig, UpdateMetrics, UpdateProgress,

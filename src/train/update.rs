@@ -7,7 +7,9 @@
 //! ratio is 1 — a separate "recompute old logprobs" forward would produce the same
 //! numbers at a third more cost. A caller that has old log-probabilities of its own
 //! (the tests, a multi-step trainer) passes them in [`TrainSample::old_logprobs`].
-//! Without a reference model the KL's reference is the old policy too.
+//! Without a reference model the KL's reference is the old policy too; a run can keep
+//! a frozen one (`reference.rs`), whose log-probabilities it passes in
+//! [`TrainSample::ref_logprobs`].
 //!
 //! Micro-batches bound memory; the loss weights are the whole update's
 //! ([`aggregation_weights`]), so accumulating micro-batch gradients gives the
@@ -45,7 +47,7 @@ pub struct TrainSample {
 
 impl TrainSample {
     /// Positions (into `tokens`) of the loss tokens, with their response index.
-    fn loss_positions(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+    pub(super) fn loss_positions(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         self.response_mask
             .iter()
             .enumerate()
@@ -53,7 +55,7 @@ impl TrainSample {
             .map(|(j, _)| (self.prompt_len + j, j))
     }
 
-    fn wanted(&self) -> Vec<bool> {
+    pub(super) fn wanted(&self) -> Vec<bool> {
         let mut w = vec![false; self.tokens.len()];
         for (p, _) in self.loss_positions() {
             w[p] = true;
