@@ -47,6 +47,11 @@ fn train_args(out: &Path, resume: bool) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
+    if !resume {
+        // A frozen KL reference: the resumed run must take it from run.json and
+        // restore its weights from the run folder.
+        args.extend(["--kl-reference".into(), "start".into()]);
+    }
     args.push(if resume { "--resume" } else { "--out" }.into());
     args.push(out.display().to_string());
     args
@@ -84,6 +89,7 @@ fn sigint_leaves_log_and_checkpoint_whole_and_resume_reproduces_the_uninterrupte
     );
     let expected = timeless(&whole);
     assert_eq!(expected.len(), 4);
+    assert!(expected[3].kl > 0.0, "KL against the start weights after two updates");
     assert!(whole.join("reward.svg").exists());
 
     let cut = dir.path().join("cut");
