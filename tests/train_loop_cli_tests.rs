@@ -89,7 +89,10 @@ fn sigint_leaves_log_and_checkpoint_whole_and_resume_reproduces_the_uninterrupte
     );
     let expected = timeless(&whole);
     assert_eq!(expected.len(), 4);
-    assert!(expected[3].kl > 0.0, "KL against the start weights after two updates");
+    assert!(
+        expected[3].kl > 0.0,
+        "KL against the start weights after two updates"
+    );
     assert!(whole.join("reward.svg").exists());
 
     let cut = dir.path().join("cut");
