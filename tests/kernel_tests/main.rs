@@ -163,7 +163,8 @@ fn every_variant_and_the_dequantised_copy_agree_bit_for_bit() {
     for (out, inp) in [(48, 576), (20, 64), (9, 45)] {
         for m in every_format(out, inp, 21) {
             let dense = PackedMatrix::from_f32(out, inp, &m.to_dense()).unwrap();
-            for rows in [1, 2, 3, 8, 9, 17] {
+            // 9 to 16 rows are one wide tile on AVX-512, 17 two plain ones.
+            for rows in [1, 2, 3, 8, 9, 12, 16, 17] {
                 let x = Lcg(rows as u64).vec(rows * inp);
                 let reference = m.matmul_with(Isa::Scalar, &x, rows);
                 for &isa in &isas {
@@ -194,7 +195,16 @@ fn a_row_is_bit_identical_alone_and_in_any_batch_on_every_variant() {
             let probe = Lcg(5).vec(inp);
             let alone = m.matmul_with(isa, &probe, 1);
             let mut rng = Lcg(11);
-            for (batch, at) in [(2, 0), (2, 1), (8, 5), (9, 8), (33, 17), (64, 63)] {
+            for (batch, at) in [
+                (2, 0),
+                (2, 1),
+                (8, 5),
+                (9, 8),
+                (13, 6),
+                (16, 15),
+                (33, 17),
+                (64, 63),
+            ] {
                 let mut x = rng.vec(batch * inp);
                 x[at * inp..(at + 1) * inp].copy_from_slice(&probe);
                 let y = m.matmul_with(isa, &x, batch);

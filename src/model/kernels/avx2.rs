@@ -17,6 +17,8 @@ impl Lanes for Avx2 {
     // loads from L2 were the bound).
     const ROW_TILE: usize = 6;
     const PANEL_GROUP: usize = 1;
+    // Too few registers for a 9-row tile.
+    const WIDE_ROWS: usize = 0;
     #[inline(always)]
     unsafe fn zero() -> Pair {
         Pair(_mm256_setzero_ps(), _mm256_setzero_ps())

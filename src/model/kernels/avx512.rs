@@ -11,6 +11,8 @@ impl Lanes for Avx512 {
     // 2 panels × 8 rows = 16 accumulators of the 32 registers.
     const ROW_TILE: usize = 8;
     const PANEL_GROUP: usize = 2;
+    // 16 accumulators of the 32 registers, one panel's weights, the row's x.
+    const WIDE_ROWS: usize = 16;
     #[inline(always)]
     unsafe fn zero() -> __m512 {
         _mm512_setzero_ps()

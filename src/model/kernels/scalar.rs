@@ -14,6 +14,8 @@ impl Lanes for Scalar {
     type V = V;
     const ROW_TILE: usize = 8;
     const PANEL_GROUP: usize = 2;
+    // The plain tiles only (there are no registers to fit).
+    const WIDE_ROWS: usize = 0;
     #[inline(always)]
     unsafe fn zero() -> V {
         [0.0; 16]

@@ -21,6 +21,9 @@ pub(super) trait Lanes {
     const ROW_TILE: usize;
     /// Panels a tile holds when there are several rows.
     const PANEL_GROUP: usize;
+    /// Most rows one single-panel tile holds (its accumulators in registers), used
+    /// between one tile and two so converted weights need no scratch; 0: never.
+    const WIDE_ROWS: usize;
     unsafe fn zero() -> Self::V;
     unsafe fn load(at: *const f32) -> Self::V;
     unsafe fn store(at: *mut f32, v: Self::V);
@@ -282,6 +285,15 @@ unsafe fn drive<L: Lanes, S: Source<L>>(
     panels: Range<usize>,
     sink: &dyn TileSink,
 ) {
+    if rows > L::ROW_TILE && rows <= L::WIDE_ROWS && m.format != WeightFormat::F32 {
+        // One tile of every row against one panel at a time: each weight is converted
+        // once, in registers, for all the rows (rather than written to scratch and
+        // read back by two tiles).
+        for p in panels {
+            wide_tile::<L, S>(src, m.inp, x, rows, p, sink);
+        }
+        return;
+    }
     let convert = rows > L::ROW_TILE && m.format != WeightFormat::F32;
     // Enough independent accumulators to hide the FMA latency: four panels for one
     // row, at least two for a few rows, the register tile for many.
@@ -385,6 +397,32 @@ unsafe fn row_tiles<L: Lanes, S: Source<L>>(
         sink.tile(r0, nr, p0, np, &out[..np * nr]);
         r0 += nr;
     }
+}
+
+/// All `rows` (`L::ROW_TILE < rows ≤ L::WIDE_ROWS`) against panel `p`, as one tile.
+#[inline(always)]
+unsafe fn wide_tile<L: Lanes, S: Source<L>>(
+    src: &S,
+    inp: usize,
+    x: &[f32],
+    rows: usize,
+    p: usize,
+    sink: &dyn TileSink,
+) {
+    let mut out = [[0f32; PANEL]; MAX_TILE];
+    let xr = x.as_ptr();
+    match rows {
+        9 => tile::<L, S, 1, 9>(src, inp, xr, p, &mut out),
+        10 => tile::<L, S, 1, 10>(src, inp, xr, p, &mut out),
+        11 => tile::<L, S, 1, 11>(src, inp, xr, p, &mut out),
+        12 => tile::<L, S, 1, 12>(src, inp, xr, p, &mut out),
+        13 => tile::<L, S, 1, 13>(src, inp, xr, p, &mut out),
+        14 => tile::<L, S, 1, 14>(src, inp, xr, p, &mut out),
+        15 => tile::<L, S, 1, 15>(src, inp, xr, p, &mut out),
+        16 => tile::<L, S, 1, 16>(src, inp, xr, p, &mut out),
+        _ => unreachable!("a wide tile holds 9 to 16 rows, not {rows}"),
+    }
+    sink.tile(0, rows, p, 1, &out[..rows]);
 }
 
 /// `NR` rows × `NP` panels; `out[r * NP + j]` receives row `r`'s 16 outputs of panel `j`.
