@@ -13,7 +13,7 @@ use pyo3::types::PyDict;
 use treegrpo::closed_loop::{LoopConfig, LoopError, LoopEvent, LoopOutcome, StopSignal, TrainRun};
 use treegrpo::env::Split;
 use treegrpo::model::kernels::WeightFormat;
-use treegrpo::train::{Optimizer, Params};
+use treegrpo::train::{KlReference, Optimizer, Params};
 
 use crate::convert;
 use crate::engine::PyEngine;
@@ -163,6 +163,8 @@ impl Trainer {
             eval_prompts,
             checkpoint_every,
             serve_format,
+            // The update's own reference (the policy before each step), as before.
+            kl_reference: KlReference::Previous,
         };
         let engine = engine.engine.clone();
         let model = engine.model().clone();
