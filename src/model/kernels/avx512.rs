@@ -71,63 +71,42 @@ impl Lanes for Avx512 {
     }
 }
 
-/// [`super::rows::dot_fixed`] of `q` with `rows[j][offset..]` into `out[j]`, four rows at
-/// a time: one 16-lane register per key holds exactly `dot_fixed`'s sixteen lane sums
-/// (one `fma` per chunk instead of AVX2's two), its halves are added (`l += l + 8`),
-/// and the AVX2 variant's shuffles finish the sums, so each result is bit-identical.
+/// [`super::rows::dot_fixed`] of `q` with `rows[j][offset..]` into `out[j]`: the
+/// one-head case of [`dot_rows_heads`].
 ///
 /// # Safety
-/// The CPU supports AVX-512F; `q.len()` is a multiple of 16 and every row holds
-/// `offset + q.len()` values; `out.len() == rows.len()`.
+/// The CPU supports AVX-512F and AVX2; `q.len()` is a multiple of 16 and every row
+/// holds `offset + q.len()` values; `out.len() == rows.len()`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
-    let chunks = q.len() / 16;
-    let qp = q.as_ptr();
-    let mut j = 0;
-    while j + 4 <= rows.len() {
-        let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr().add(offset));
-        for ahead in rows.iter().skip(j + super::rows::PREFETCH_ROWS).take(4) {
-            super::rows::prefetch_span(ahead.as_ptr().add(offset), q.len());
-        }
-        let mut acc = [_mm512_setzero_ps(); 4];
-        for c in 0..chunks {
-            let qc = _mm512_loadu_ps(qp.add(16 * c));
-            for i in 0..4 {
-                acc[i] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(p[i].add(16 * c)), acc[i]);
-            }
-        }
-        let s: [__m256; 4] = std::array::from_fn(|i| {
-            _mm256_add_ps(
-                _mm512_castps512_ps256(acc[i]),
-                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[i]), 1)),
-            )
-        });
-        out[j..j + 4].copy_from_slice(&super::avx2::reduce_four(s));
-        j += 4;
-    }
-    for (o, row) in out[j..].iter_mut().zip(&rows[j..]) {
-        *o = super::rows::dot_fixed(q, &row[offset..offset + q.len()]);
-    }
+    dot_rows_heads::<1>(q, rows, offset, out)
 }
 
-/// [`dot_rows`] for `H` query heads at once (grouped-query attention's heads that
-/// share a KV head): each key row is loaded once for all of them, and head `h`'s
-/// scores go to `out[h * rows.len()..]`. Each (head, key) is the same chain of `fma`s
-/// and the same reduction as `dot_rows`, so every score is bit-identical to it.
+/// [`super::rows::dot_fixed`] of `H` queries (grouped-query attention's heads that
+/// share a KV head) with `rows[j][offset..]`, head `h`'s scores into
+/// `out[h * rows.len()..]`, four keys at a time: each key row is loaded once for all
+/// heads; one 16-lane register per (head, key) holds exactly `dot_fixed`'s sixteen
+/// lane sums (one `fma` per chunk), its halves are added (`l += l + 8`), and the AVX2
+/// variant's shuffles finish the sums, so every score is bit-identical.
 ///
 /// # Safety
 /// The CPU supports AVX-512F and AVX2; `qs.len() == H * dim` with `dim` a multiple of
-/// 16, every row holds `dim` values; `out.len() == H * rows.len()`.
+/// 16, every row holds `offset + dim` values; `out.len() == H * rows.len()`.
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn dot_rows_heads<const H: usize>(qs: &[f32], rows: &[&[f32]], out: &mut [f32]) {
+pub(super) unsafe fn dot_rows_heads<const H: usize>(
+    qs: &[f32],
+    rows: &[&[f32]],
+    offset: usize,
+    out: &mut [f32],
+) {
     let (n, dim) = (rows.len(), qs.len() / H);
     let chunks = dim / 16;
     let qp = qs.as_ptr();
     let mut j = 0;
     while j + 4 <= n {
-        let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr());
+        let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr().add(offset));
         for ahead in rows.iter().skip(j + super::rows::PREFETCH_ROWS).take(4) {
-            super::rows::prefetch_span(ahead.as_ptr(), dim);
+            super::rows::prefetch_span(ahead.as_ptr().add(offset), dim);
         }
         let mut acc = [[_mm512_setzero_ps(); 4]; H];
         for c in 0..chunks {
@@ -152,7 +131,8 @@ pub(super) unsafe fn dot_rows_heads<const H: usize>(qs: &[f32], rows: &[&[f32]],
     }
     for (jj, row) in rows.iter().enumerate().skip(j) {
         for h in 0..H {
-            out[h * n + jj] = super::rows::dot_fixed(&qs[h * dim..(h + 1) * dim], &row[..dim]);
+            out[h * n + jj] =
+                super::rows::dot_fixed(&qs[h * dim..(h + 1) * dim], &row[offset..offset + dim]);
         }
     }
 }

@@ -403,10 +403,10 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: &[&[f32]], out: &mut [f32]
             // SAFETY: the CPU runs AVX-512F and AVX2 (checked); shapes asserted above.
             unsafe {
                 match h {
-                    1 => avx512::dot_rows_heads::<1>(q, rows, o),
-                    2 => avx512::dot_rows_heads::<2>(q, rows, o),
-                    3 => avx512::dot_rows_heads::<3>(q, rows, o),
-                    _ => avx512::dot_rows_heads::<4>(q, rows, o),
+                    1 => avx512::dot_rows_heads::<1>(q, rows, 0, o),
+                    2 => avx512::dot_rows_heads::<2>(q, rows, 0, o),
+                    3 => avx512::dot_rows_heads::<3>(q, rows, 0, o),
+                    _ => avx512::dot_rows_heads::<4>(q, rows, 0, o),
                 }
             }
             h0 += h;
