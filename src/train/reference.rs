@@ -10,9 +10,8 @@ use candle_core::{DType, Var};
 use serde::{Deserialize, Serialize};
 
 use super::error::TrainError;
-use super::pack::pack;
 use super::params::{LayerParams, Params};
-use super::update::{TrainSample, UpdateConfig};
+use super::update::{pack_samples, TrainSample, UpdateConfig};
 
 /// What the KL term of a training run's updates compares the policy with.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,8 +28,10 @@ impl Params {
     /// An independent copy of every weight (new `Var`s holding copied tensors): the
     /// copy does not change when `self` is updated.
     pub fn frozen_copy(&self) -> Result<Params, TrainError> {
+        // A detached tensor is no variable, so `Var::from_tensor` copies its storage
+        // (once: `.copy()` first would copy twice).
         let copy =
-            |v: &Var| -> Result<Var, TrainError> { Ok(Var::from_tensor(&v.as_tensor().copy()?)?) };
+            |v: &Var| -> Result<Var, TrainError> { Ok(Var::from_tensor(&v.as_tensor().detach())?) };
         let layers = self
             .layers
             .iter()
@@ -70,13 +71,7 @@ pub fn fill_reference_logprobs(
     samples: &mut [TrainSample],
     cfg: &UpdateConfig,
 ) -> Result<(), TrainError> {
-    let wanted: Vec<Vec<bool>> = samples.iter().map(TrainSample::wanted).collect();
-    let seqs: Vec<(&[crate::model::TokenId], &[bool])> = samples
-        .iter()
-        .zip(&wanted)
-        .map(|(s, w)| (s.tokens.as_slice(), w.as_slice()))
-        .collect();
-    let batches = pack(&seqs, cfg.packed, cfg.micro_batch_tokens.max(1));
+    let batches = pack_samples(samples, cfg);
     let mut filled: Vec<Vec<f64>> = samples
         .iter()
         .map(|s| vec![f64::NAN; s.response_mask.len()])

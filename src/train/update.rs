@@ -55,7 +55,7 @@ impl TrainSample {
             .map(|(j, _)| (self.prompt_len + j, j))
     }
 
-    pub(super) fn wanted(&self) -> Vec<bool> {
+    fn wanted(&self) -> Vec<bool> {
         let mut w = vec![false; self.tokens.len()];
         for (p, _) in self.loss_positions() {
             w[p] = true;
@@ -172,13 +172,7 @@ pub fn loss_and_gradients_with_progress(
         }
     }
     let weights = aggregation_weights(&all_rows, cfg.loss.agg);
-    let wanted: Vec<Vec<bool>> = samples.iter().map(TrainSample::wanted).collect();
-    let seqs: Vec<(&[TokenId], &[bool])> = samples
-        .iter()
-        .zip(&wanted)
-        .map(|(s, w)| (s.tokens.as_slice(), w.as_slice()))
-        .collect();
-    let batches = pack(&seqs, cfg.packed, cfg.micro_batch_tokens.max(1));
+    let batches = pack_samples(samples, cfg);
     let forwarded = Forwarded {
         packed: batches.iter().map(|b| b.batch.tokens.len()).sum(),
         unpacked: samples.iter().map(|s| s.tokens.len()).sum(),
@@ -258,6 +252,18 @@ pub fn loss_and_gradients_with_progress(
         forwarded,
         micro_batches: batches.len(),
     })
+}
+
+/// `samples` packed into micro-batches as `cfg` asks (a trie or one chain each), every
+/// loss token scored: what the update forwards, and the reference scores alike.
+pub(super) fn pack_samples(samples: &[TrainSample], cfg: &UpdateConfig) -> Vec<Packed> {
+    let wanted: Vec<Vec<bool>> = samples.iter().map(TrainSample::wanted).collect();
+    let seqs: Vec<(&[TokenId], &[bool])> = samples
+        .iter()
+        .zip(&wanted)
+        .map(|(s, w)| (s.tokens.as_slice(), w.as_slice()))
+        .collect();
+    pack(&seqs, cfg.packed, cfg.micro_batch_tokens.max(1))
 }
 
 /// The loss rows of one micro-batch (contiguous in the update's order from `row_at`),
