@@ -67,7 +67,8 @@ impl Trainer {
         trees=2, expand=2, rounds=1, keep=None, select="paper", chains=None, seed=0,
         advantage=None, max_turns=3, max_step_tokens=256, temperature=1.0,
         concurrent_prompts=16, eval_every=0, eval_prompts=20, checkpoint_every=1,
-        serve_format="f32", env_timeout=30.0, event_loop=None, **update_options
+        serve_format="f32", kl_reference="previous", env_timeout=30.0, event_loop=None,
+        **update_options
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -95,6 +96,7 @@ impl Trainer {
         eval_prompts: usize,
         checkpoint_every: u64,
         serve_format: &str,
+        kl_reference: &str,
         env_timeout: f64,
         event_loop: Option<&Bound<'_, PyAny>>,
         update_options: Option<&Bound<'_, PyDict>>,
@@ -123,6 +125,17 @@ impl Trainer {
             other => {
                 return Err(value_error(format!(
                     "serve_format must be \"f32\" or \"bf16\", not {other:?}"
+                )))
+            }
+        };
+        // `start` keeps a frozen copy of the starting weights (in `out_dir/reference/`,
+        // read back by `resume`) so the KL term measures the distance from them.
+        let kl_reference = match kl_reference {
+            "previous" => KlReference::Previous,
+            "start" => KlReference::Start,
+            other => {
+                return Err(value_error(format!(
+                    "kl_reference must be \"previous\" or \"start\", not {other:?}"
                 )))
             }
         };
@@ -163,8 +176,7 @@ impl Trainer {
             eval_prompts,
             checkpoint_every,
             serve_format,
-            // The update's own reference (the policy before each step), as before.
-            kl_reference: KlReference::Previous,
+            kl_reference,
         };
         let engine = engine.engine.clone();
         let model = engine.model().clone();

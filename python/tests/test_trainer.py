@@ -39,7 +39,9 @@ LOG_FIELDS = {
 
 def test_trainer_steps_update_and_serve_each_policy_then_resume(tmp_path):
     engine = treegrpo.Engine(kv_mib=256)
-    with treegrpo.Trainer(engine, CalcTask, tmp_path / "run", steps=2, **LOOP) as trainer:
+    # A frozen KL reference (the starting weights), so the logged KL moves off 0.
+    loop = {**LOOP, "kl_reference": "start"}
+    with treegrpo.Trainer(engine, CalcTask, tmp_path / "run", steps=2, **loop) as trainer:
         lines = trainer.run()
         assert trainer.step == 2
     steps = [l for l in lines if l["step"] > 0]
@@ -52,13 +54,18 @@ def test_trainer_steps_update_and_serve_each_policy_then_resume(tmp_path):
     logged = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert [l["step"] for l in logged] == [l["step"] for l in lines]
     assert (tmp_path / "run" / "checkpoint" / "config.json").exists()
+    # Step 1 scores the starting policy against itself; step 2's policy has moved.
+    assert abs(steps[0]["kl"]) < 1e-9
+    assert steps[1]["kl"] > 0
+    assert (tmp_path / "run" / "reference" / "model.safetensors").exists()
 
     # A new trainer on a fresh engine continues from the checkpoint of step 2.
     fresh = treegrpo.Engine(kv_mib=256)
-    with treegrpo.Trainer(fresh, CalcTask, tmp_path / "run", steps=3, **LOOP) as resumed:
+    with treegrpo.Trainer(fresh, CalcTask, tmp_path / "run", steps=3, **loop) as resumed:
         assert resumed.resume() == 2
         more = resumed.run()
     assert more[-1]["step"] == 3
+    assert more[-1]["kl"] > 0  # against the reference read back from the run folder
     assert fresh.weight_version >= 1
 
 
@@ -70,5 +77,7 @@ def test_trainer_bad_options(tmp_path):
         treegrpo.Trainer(engine, CalcTask, tmp_path / "a", **{**LOOP, "prompts_per_step": 0})
     with pytest.raises(ValueError, match="serve_format"):
         treegrpo.Trainer(engine, CalcTask, tmp_path / "b", serve_format="q4", **LOOP)
+    with pytest.raises(ValueError, match="kl_reference"):
+        treegrpo.Trainer(engine, CalcTask, tmp_path / "d", kl_reference="initial", **LOOP)
     with pytest.raises(ValueError, match="eval_every needs test samples"):
         treegrpo.Trainer(engine, CalcTask, tmp_path / "c", **{**LOOP, "test": []})

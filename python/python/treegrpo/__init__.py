@@ -170,9 +170,12 @@ class Trainer:
     :func:`rollout` (``trees``, ``expand``, ``rounds``, ``keep``, ``select``,
     ``chains``, ``seed``, ``advantage``, ``max_turns``, ``max_step_tokens``,
     ``temperature``), ``eval_every``/``eval_prompts`` (greedy eval on ``test``),
-    ``checkpoint_every``, ``serve_format`` ("f32" or "bf16") and the update options
-    of :func:`update` (``lr``, ``kl_coef``, ...). The trainer's weights start from
-    the engine's model file.
+    ``checkpoint_every``, ``serve_format`` ("f32" or "bf16"), ``kl_reference``
+    ("previous": the policy before each step, whose one-step KL is 0; "start": a
+    frozen copy of the starting weights, kept in ``out_dir/reference/`` and read
+    back by :meth:`resume`, which must be given the same choice) and the update
+    options of :func:`update` (``lr``, ``kl_coef``, ...). The trainer's weights
+    start from the engine's model file.
     """
 
     def __init__(self, engine: Engine, env: Any, out_dir: str, **options: Any) -> None:
