@@ -6,7 +6,7 @@
 //! per block, a dense one a single run, and the kernel never concatenates a cache.
 
 use super::error::ModelError;
-use super::kernels::{dot_rows_heads, exp_in_place, max_of, weighted_sum_heads};
+use super::kernels::{dot_rows_heads, exp_in_place, max_of, weighted_sum_heads, RowRuns};
 
 /// A contiguous run of cached positions' keys and values, `kv_dim` floats a position,
 /// laid out either as plain rows (all KV heads of a position side by side: `heads`
@@ -39,9 +39,28 @@ impl<'a> KvChunk<'a> {
         }
     }
 
-    /// The first `rows` rows of KV head `h` in `data` (this run's keys or values), each
-    /// `head_dim` wide: consecutive slices of one block when head-major, every
-    /// `kv_dim`-th when plain rows.
+    /// Positions this run holds.
+    fn positions(&self, kv_dim: usize) -> usize {
+        self.keys.len() / kv_dim
+    }
+
+    /// Where KV head `h`'s first row starts in `data` (this run's keys or values), and
+    /// how far apart its rows lie: `head_dim` when head-major, `kv_dim` for plain rows.
+    fn head_start(
+        &self,
+        data: &'a [f32],
+        h: usize,
+        kv_dim: usize,
+        head_dim: usize,
+    ) -> (&'a [f32], usize) {
+        if self.heads == 1 {
+            (&data[h * head_dim..], kv_dim)
+        } else {
+            (&data[h * (data.len() / kv_dim) * head_dim..], head_dim)
+        }
+    }
+
+    /// The first `rows` rows of KV head `h` in `data`, `head_dim` wide each.
     fn head_rows(
         &self,
         data: &'a [f32],
@@ -50,12 +69,8 @@ impl<'a> KvChunk<'a> {
         kv_dim: usize,
         head_dim: usize,
     ) -> impl Iterator<Item = &'a [f32]> {
-        let (start, stride) = if self.heads == 1 {
-            (h * head_dim, kv_dim)
-        } else {
-            (h * (data.len() / kv_dim) * head_dim, head_dim)
-        };
-        data[start..]
+        let (start, stride) = self.head_start(data, h, kv_dim, head_dim);
+        start
             .chunks(stride)
             .take(rows)
             .map(move |row| &row[..head_dim])
@@ -102,7 +117,7 @@ pub struct AttentionShape {
 
 /// One sequence's cached key rows and value rows of one KV head (`head_dim` each), in
 /// position order.
-type HeadRows<'a> = (Vec<&'a [f32]>, Vec<&'a [f32]>);
+type HeadRows<'a> = (RowRuns<'a>, RowRuns<'a>);
 
 /// Below this many (token, KV head) items, a plan makes one item per query head (see
 /// [`AttentionPlan`]).
@@ -158,15 +173,8 @@ impl<'a> AttentionPlan<'a> {
         let mut run_starts: Vec<Vec<usize>> = Vec::with_capacity(spans.len());
         for (s, span) in spans.iter().enumerate() {
             let len = span.start + span.len;
-            let mut heads: Vec<HeadRows> = (0..shape.num_kv_heads)
-                .map(|_| (Vec::with_capacity(len), Vec::with_capacity(len)))
-                .collect();
-            let mut starts = Vec::new();
-            let mut filled = 0;
-            for chunk in store.chunks(layer, span.slot, len) {
-                if filled >= len {
-                    break;
-                }
+            let chunks = store.chunks(layer, span.slot, len);
+            for chunk in &chunks {
                 // A head-major run must hold exactly the model's KV heads, or rows
                 // would be read from the wrong place.
                 assert!(
@@ -175,16 +183,9 @@ impl<'a> AttentionPlan<'a> {
                     chunk.heads,
                     shape.num_kv_heads
                 );
-                starts.push(chunk.keys.as_ptr() as usize);
-                let rows = (chunk.keys.len() / kv_dim).min(len - filled);
-                for (h, (keys, values)) in heads.iter_mut().enumerate() {
-                    keys.extend(chunk.head_rows(&chunk.keys, h, rows, kv_dim, shape.head_dim));
-                    values.extend(chunk.head_rows(&chunk.values, h, rows, kv_dim, shape.head_dim));
-                }
-                filled += rows;
             }
-            seq_rows.push(heads);
-            run_starts.push(starts);
+            run_starts.push(chunks.iter().map(|c| c.keys.as_ptr() as usize).collect());
+            seq_rows.push(head_rows(&chunks, len, kv_dim, shape));
             for i in 0..span.len {
                 row_info.push((s, span.start + i));
             }
@@ -251,7 +252,7 @@ impl<'a> AttentionPlan<'a> {
         let qs = &q[row * q_dim + first_head * head_dim..][..heads * head_dim];
         let n = position + 1;
         let (k_rows, v_rows) = &self.seq_rows[s][kv_head];
-        let (k_rows, v_rows) = (&k_rows[..n], &v_rows[..n]);
+        let (k_rows, v_rows) = (k_rows.view(n), v_rows.view(n));
         // scores[h * n + j]: the item's head h against position j. The item's heads
         // share their KV head, so each key and value row is read once for all of them.
         let mut scores = vec![0f32; heads * n];
@@ -270,6 +271,72 @@ impl<'a> AttentionPlan<'a> {
         }
         weighted_sum_heads(v_rows, &scores, &inv, out);
     }
+}
+
+/// Each KV head's key and value rows of positions `0..len` in `chunks`, as runs: one
+/// per chunk when the chunks are evenly sized (a power of two of positions each but
+/// the last, as the paged cache's blocks and a dense store's single buffer are), else
+/// (a store with ragged runs) one per row.
+fn head_rows<'a>(
+    chunks: &[KvChunk<'a>],
+    len: usize,
+    kv_dim: usize,
+    shape: AttentionShape,
+) -> Vec<HeadRows<'a>> {
+    let head_dim = shape.head_dim;
+    let per_run = even_runs(chunks, len, kv_dim);
+    (0..shape.num_kv_heads)
+        .map(|h| match per_run {
+            Some(per_run) => {
+                let runs = |values: bool| {
+                    let mut stride = head_dim;
+                    let mut runs = Vec::with_capacity(len.div_ceil(per_run));
+                    for c in chunks.iter().take(len.div_ceil(per_run)) {
+                        let data = if values { c.values } else { c.keys };
+                        let (start, s) = c.head_start(data, h, kv_dim, head_dim);
+                        runs.push(start);
+                        // The same for every run: they lay out heads alike.
+                        stride = s;
+                    }
+                    RowRuns::new(runs, per_run, stride, len)
+                };
+                (runs(false), runs(true))
+            }
+            None => {
+                let rows = |values: bool| {
+                    let mut out = Vec::with_capacity(len);
+                    let mut filled = 0;
+                    for c in chunks {
+                        if filled >= len {
+                            break;
+                        }
+                        let data = if values { c.values } else { c.keys };
+                        let n = c.positions(kv_dim).min(len - filled);
+                        out.extend(c.head_rows(data, h, n, kv_dim, head_dim));
+                        filled += n;
+                    }
+                    RowRuns::from_rows(out)
+                };
+                (rows(false), rows(true))
+            }
+        })
+        .collect()
+}
+
+/// Positions per run when `chunks` are even enough to name positions `0..len` by run
+/// and offset: the runs they need all lay out heads alike, and all but the last hold
+/// the same number of positions, a power of two (any number for a single run).
+fn even_runs(chunks: &[KvChunk], len: usize, kv_dim: usize) -> Option<usize> {
+    let first = chunks.first()?;
+    let size = first.positions(kv_dim).max(1);
+    let needed = len.div_ceil(size).max(1);
+    let used = chunks.get(..needed)?;
+    let even = used.iter().all(|c| c.heads == first.heads)
+        && used[..needed - 1]
+            .iter()
+            .all(|c| c.positions(kv_dim) == size)
+        && (needed == 1 || size.is_power_of_two());
+    even.then(|| size.next_power_of_two())
 }
 
 /// The simplest [`KvStore`]: one growing buffer per sequence and layer. Used by

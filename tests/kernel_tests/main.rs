@@ -29,7 +29,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use half::{bf16, f16};
 use treegrpo::model::kernels::{
-    split_range, Epilogue, Isa, OutputSink, PackedMatrix, WeightFormat,
+    split_range, Epilogue, Isa, OutputSink, PackedMatrix, RowRuns, Rows, WeightFormat,
 };
 
 /// Small deterministic generator for test data.
@@ -286,7 +286,13 @@ fn weighted_sums_of_rows_are_identical_on_every_variant_and_match_the_plain_loop
         for isa in variants() {
             isa.force().unwrap();
             let mut out = vec![0f32; width];
-            treegrpo::model::kernels::weighted_sum(&rows, offset, &probs, scale, &mut out);
+            treegrpo::model::kernels::weighted_sum(
+                Rows::from_slices(&rows),
+                offset,
+                &probs,
+                scale,
+                &mut out,
+            );
             assert_eq!(out, expected, "{isa:?} n {n} width {width}");
         }
         Isa::best().force().unwrap();
@@ -314,7 +320,7 @@ fn attention_scores_four_keys_at_a_time_equal_the_fixed_order_dot() {
         for isa in variants() {
             isa.force().unwrap();
             let mut out = vec![0f32; n];
-            dot_rows(&q, &rows, offset, &mut out);
+            dot_rows(&q, Rows::from_slices(&rows), offset, &mut out);
             assert_eq!(out, expected, "{isa:?} n {n} dim {dim}");
         }
         Isa::best().force().unwrap();
@@ -362,17 +368,23 @@ fn grouped_query_heads_read_each_row_once_and_equal_one_head_at_a_time() {
             for h in 0..heads {
                 dot_rows(
                     &qs[h * dim..(h + 1) * dim],
-                    &rows,
+                    Rows::from_slices(&rows),
                     0,
                     &mut scores[h * n..(h + 1) * n],
                 );
                 let p = &probs[h * n..(h + 1) * n];
-                weighted_sum(&rows, 0, p, scales[h], &mut sums[h * dim..(h + 1) * dim]);
+                weighted_sum(
+                    Rows::from_slices(&rows),
+                    0,
+                    p,
+                    scales[h],
+                    &mut sums[h * dim..(h + 1) * dim],
+                );
             }
             let mut grouped_scores = vec![0f32; heads * n];
-            dot_rows_heads(&qs, heads, &rows, &mut grouped_scores);
+            dot_rows_heads(&qs, heads, Rows::from_slices(&rows), &mut grouped_scores);
             let mut grouped_sums = start;
-            weighted_sum_heads(&rows, &probs, &scales, &mut grouped_sums);
+            weighted_sum_heads(Rows::from_slices(&rows), &probs, &scales, &mut grouped_sums);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&grouped_scores),
@@ -387,6 +399,69 @@ fn grouped_query_heads_read_each_row_once_and_equal_one_head_at_a_time() {
         }
         Isa::best().force().unwrap();
     }
+}
+
+#[test]
+fn rows_read_as_runs_of_blocks_equal_the_same_rows_as_slices() {
+    use treegrpo::model::kernels::{dot_rows, dot_rows_heads, weighted_sum, weighted_sum_heads};
+    let mut rng = Lcg(37);
+    // Runs as the paged cache lays them out: `per_run` rows `stride` apart in each
+    // block (a head-major block's rows are contiguous, a plain one's `kv_dim` apart),
+    // the last block part-filled; every length crosses block edges differently.
+    for (heads, n, dim, per_run, stride) in [
+        (3usize, 37usize, 64usize, 16usize, 64usize),
+        (3, 37, 64, 16, 192),
+        (2, 5, 128, 4, 130),
+        (1, 64, 64, 16, 64),
+        (4, 1, 64, 16, 64),
+        (3, 21, 80, 8, 80),
+        (3, 0, 64, 16, 64),
+    ] {
+        let blocks: Vec<Vec<f32>> = (0..n.div_ceil(per_run))
+            .map(|_| rng.vec((per_run - 1) * stride + dim))
+            .collect();
+        let runs = RowRuns::new(blocks.iter().map(|b| &b[..]).collect(), per_run, stride, n);
+        let slices: Vec<&[f32]> = (0..n)
+            .map(|j| &blocks[j / per_run][(j % per_run) * stride..][..dim])
+            .collect();
+        let (as_runs, as_slices) = (runs.view(n), Rows::from_slices(&slices));
+        assert_eq!(as_runs.len(), n);
+        for (j, slice) in slices.iter().enumerate() {
+            assert_eq!(&as_runs.row(j)[..dim], *slice, "row {j}");
+        }
+        let qs = rng.vec(heads * dim);
+        let probs: Vec<f32> = rng.vec(heads * n).iter().map(|v| v.abs()).collect();
+        let scales: Vec<f32> = rng.vec(heads).iter().map(|v| v.abs() + 0.1).collect();
+        let start = rng.vec(heads * dim);
+        for isa in variants() {
+            isa.force().unwrap();
+            let run = |rows: Rows| {
+                let mut scores = vec![0f32; heads * n];
+                dot_rows_heads(&qs, heads, rows, &mut scores);
+                let mut one = vec![0f32; n];
+                dot_rows(&qs[..dim], rows, 0, &mut one);
+                let mut sums = start.clone();
+                weighted_sum_heads(rows, &probs, &scales, &mut sums);
+                let mut first = start[..dim].to_vec();
+                weighted_sum(rows, 0, &probs[..n], scales[0], &mut first);
+                [scores, one, sums, first]
+                    .concat()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(run(as_runs), run(as_slices), "{isa:?} {heads} heads n {n}");
+        }
+        Isa::best().force().unwrap();
+    }
+}
+
+#[test]
+#[should_panic(expected = "not 3 rows")]
+fn runs_too_short_for_their_rows_are_refused() {
+    let block = vec![0f32; 100];
+    // Three rows 64 apart need 2 · 64 + 1 floats at least; fine with 100 only for 2.
+    let _ = RowRuns::new(vec![&block[..]], 4, 64, 3);
 }
 
 #[test]

@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::row_runs::Rows;
 use super::tile::Lanes;
 
 pub(super) struct Avx2;
@@ -98,7 +99,7 @@ impl Lanes for Avx2 {
     }
 }
 
-/// [`super::rows::dot_fixed`] of `q` with `rows[j][offset..]` into `out[j]`, four rows at
+/// [`super::rows::dot_fixed`] of `q` with `row_j[offset..]` into `out[j]`, four rows at
 /// a time: the four keys' lane sums are reduced together by shuffles that add exactly
 /// the pairs `dot_fixed` adds, so each result is bit-identical to it.
 ///
@@ -106,14 +107,14 @@ impl Lanes for Avx2 {
 /// The CPU supports AVX2 and FMA; `q.len()` is a multiple of 16 and every row holds
 /// `offset + q.len()` values; `out.len() == rows.len()`.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
-    let chunks = q.len() / 16;
+pub(super) unsafe fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
+    let (chunks, n) = (q.len() / 16, rows.len());
     let qp = q.as_ptr();
     let mut j = 0;
-    while j + 4 <= rows.len() {
-        let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr().add(offset));
-        for ahead in rows.iter().skip(j + super::rows::PREFETCH_ROWS).take(4) {
-            super::rows::prefetch_span(ahead.as_ptr().add(offset), q.len());
+    while j + 4 <= n {
+        let p: [*const f32; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
+        for ahead in (j + super::rows::PREFETCH_ROWS..n).take(4) {
+            super::rows::prefetch_span(rows.ptr(ahead).add(offset), q.len());
         }
         let mut lo = [_mm256_setzero_ps(); 4];
         let mut hi = [_mm256_setzero_ps(); 4];
@@ -133,8 +134,8 @@ pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &m
         out[j..j + 4].copy_from_slice(&sums);
         j += 4;
     }
-    for (o, row) in out[j..].iter_mut().zip(&rows[j..]) {
-        *o = super::rows::dot_fixed(q, &row[offset..offset + q.len()]);
+    for (jj, o) in out.iter_mut().enumerate().skip(j) {
+        *o = super::rows::dot_fixed(q, &rows.row(jj)[offset..offset + q.len()]);
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::row_runs::Rows;
 use super::tile::Lanes;
 
 pub(super) struct Avx512;
@@ -71,19 +72,19 @@ impl Lanes for Avx512 {
     }
 }
 
-/// [`super::rows::dot_fixed`] of `q` with `rows[j][offset..]` into `out[j]`: the
+/// [`super::rows::dot_fixed`] of `q` with `row_j[offset..]` into `out[j]`: the
 /// one-head case of [`dot_rows_heads`].
 ///
 /// # Safety
 /// The CPU supports AVX-512F and AVX2; `q.len()` is a multiple of 16 and every row
 /// holds `offset + q.len()` values; `out.len() == rows.len()`.
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
+pub(super) unsafe fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
     dot_rows_heads::<1>(q, rows, offset, out)
 }
 
 /// [`super::rows::dot_fixed`] of `H` queries (grouped-query attention's heads that
-/// share a KV head) with `rows[j][offset..]`, head `h`'s scores into
+/// share a KV head) with `row_j[offset..]`, head `h`'s scores into
 /// `out[h * rows.len()..]`, four keys at a time: each key row is loaded once for all
 /// heads; one 16-lane register per (head, key) holds exactly `dot_fixed`'s sixteen
 /// lane sums (one `fma` per chunk), its halves are added (`l += l + 8`), and the AVX2
@@ -95,7 +96,7 @@ pub(super) unsafe fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &m
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn dot_rows_heads<const H: usize>(
     qs: &[f32],
-    rows: &[&[f32]],
+    rows: Rows,
     offset: usize,
     out: &mut [f32],
 ) {
@@ -104,9 +105,9 @@ pub(super) unsafe fn dot_rows_heads<const H: usize>(
     let qp = qs.as_ptr();
     let mut j = 0;
     while j + 4 <= n {
-        let p: [*const f32; 4] = std::array::from_fn(|i| rows[j + i].as_ptr().add(offset));
-        for ahead in rows.iter().skip(j + super::rows::PREFETCH_ROWS).take(4) {
-            super::rows::prefetch_span(ahead.as_ptr().add(offset), dim);
+        let p: [*const f32; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
+        for ahead in (j + super::rows::PREFETCH_ROWS..n).take(4) {
+            super::rows::prefetch_span(rows.ptr(ahead).add(offset), dim);
         }
         let mut acc = [[_mm512_setzero_ps(); 4]; H];
         for c in 0..chunks {
@@ -129,7 +130,8 @@ pub(super) unsafe fn dot_rows_heads<const H: usize>(
         }
         j += 4;
     }
-    for (jj, row) in rows.iter().enumerate().skip(j) {
+    for jj in j..n {
+        let row = rows.row(jj);
         for h in 0..H {
             out[h * n + jj] =
                 super::rows::dot_fixed(&qs[h * dim..(h + 1) * dim], &row[offset..offset + dim]);
@@ -138,7 +140,7 @@ pub(super) unsafe fn dot_rows_heads<const H: usize>(
 }
 
 /// [`super::rows::weighted_sum`] for `H` query heads at once: head `h` adds
-/// `Σ_j (probs[h·n + j] · scales[h]) · rows[j]` into `out[h·width..(h+1)·width]`. Each
+/// `Σ_j (probs[h·n + j] · scales[h]) · row_j` into `out[h·width..(h+1)·width]`. Each
 /// value row is loaded once for all heads; every lane still receives its own
 /// product-then-sum in row order from zero, so each head's result is bit-identical to
 /// `weighted_sum` alone.
@@ -148,7 +150,7 @@ pub(super) unsafe fn dot_rows_heads<const H: usize>(
 /// `scales.len() == H`, and every row holds `width` values.
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn weighted_sum_heads<const H: usize>(
-    rows: &[&[f32]],
+    rows: Rows,
     probs: &[f32],
     scales: &[f32],
     out: &mut [f32],
@@ -157,11 +159,11 @@ pub(super) unsafe fn weighted_sum_heads<const H: usize>(
     let mut d0 = 0;
     while d0 + 64 <= width {
         let mut acc = [[_mm512_setzero_ps(); 4]; H];
-        for (j, row) in rows.iter().enumerate() {
-            if let Some(ahead) = rows.get(j + super::rows::PREFETCH_ROWS) {
-                super::rows::prefetch_span(ahead.as_ptr().add(d0), 64);
+        for j in 0..n {
+            if j + super::rows::PREFETCH_ROWS < n {
+                super::rows::prefetch_span(rows.ptr(j + super::rows::PREFETCH_ROWS).add(d0), 64);
             }
-            let at = row.as_ptr().add(d0);
+            let at = rows.ptr(j).add(d0);
             let v: [__m512; 4] = std::array::from_fn(|c| _mm512_loadu_ps(at.add(16 * c)));
             for (h, acc_h) in acc.iter_mut().enumerate() {
                 let w = _mm512_set1_ps(probs[h * n + j] * scales[h]);

@@ -39,6 +39,7 @@ pub mod int8;
 #[cfg(target_arch = "x86_64")]
 mod int8_vnni;
 pub mod packed;
+pub mod row_runs;
 pub mod rows;
 mod scalar;
 mod tile;
@@ -51,6 +52,7 @@ use rayon::prelude::*;
 pub use exp::{exp_in_place, exp_in_place_with};
 pub use int8::Int8Matrix;
 pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
+pub use row_runs::{RowRuns, Rows};
 pub use rows::{dot_fixed, max_of};
 
 /// Most accumulator vectors one tile produces (4 panels × 1 row, or 2 × 8).
@@ -321,14 +323,14 @@ impl PackedMatrix {
     }
 }
 
-/// `out[d] += Σ_j (probs[j] · scale) · rows[j][offset + d]` on the active variant: each
+/// `out[d] += Σ_j (probs[j] · scale) · row_j[offset + d]` on the active variant: each
 /// lane summed in `j` order from zero, a product then a sum per step (attention's
 /// weighted sum of values; the same result on every variant).
 ///
 /// # Panics
 /// If `rows` and `probs` differ in length or a row is shorter than
 /// `offset + out.len()`.
-pub fn weighted_sum(rows: &[&[f32]], offset: usize, probs: &[f32], scale: f32, out: &mut [f32]) {
+pub fn weighted_sum(rows: Rows, offset: usize, probs: &[f32], scale: f32, out: &mut [f32]) {
     match Isa::active() {
         // SAFETY: `Isa::active` only returns variants the CPU runs; bounds are
         // asserted inside.
@@ -341,14 +343,14 @@ pub fn weighted_sum(rows: &[&[f32]], offset: usize, probs: &[f32], scale: f32, o
     }
 }
 
-/// `out[j] = dot_fixed(q, rows[j][offset .. offset + q.len()])` (see
+/// `out[j] = dot_fixed(q, row_j[offset .. offset + q.len()])` (see
 /// [`rows::dot_fixed`] for the order): attention's scores. Four rows at a time on
 /// AVX-512 and AVX2, bit-identical to the plain loop.
 ///
 /// # Panics
 /// If `out` and `rows` differ in length or a row is too short.
-pub fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
-    assert!(out.len() == rows.len() && rows.iter().all(|r| r.len() >= offset + q.len()));
+pub fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
+    assert!(out.len() == rows.len() && rows.width() >= offset + q.len());
     #[cfg(target_arch = "x86_64")]
     if q.len().is_multiple_of(16) {
         match Isa::active() {
@@ -366,8 +368,8 @@ pub fn dot_rows(q: &[f32], rows: &[&[f32]], offset: usize, out: &mut [f32]) {
             _ => {}
         }
     }
-    for (o, row) in out.iter_mut().zip(rows) {
-        *o = rows::dot_fixed(q, &row[offset..offset + q.len()]);
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = rows::dot_fixed(q, &rows.row(j)[offset..offset + q.len()]);
     }
 }
 
@@ -383,14 +385,14 @@ const MAX_HEADS_AT_ONCE: usize = 4;
 /// # Panics
 /// If `qs` is not `heads` queries, `out` is not `heads × rows.len()`, or a row is
 /// shorter than a query.
-pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: &[&[f32]], out: &mut [f32]) {
+pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
     assert!(
         heads > 0 && qs.len().is_multiple_of(heads),
         "{heads} heads in {} values",
         qs.len()
     );
     let (n, dim) = (rows.len(), qs.len() / heads);
-    assert!(out.len() == heads * n && rows.iter().all(|r| r.len() >= dim));
+    assert!(out.len() == heads * n && rows.width() >= dim);
     #[cfg(target_arch = "x86_64")]
     if dim.is_multiple_of(16) && Isa::active() == Isa::Avx512 && Isa::Avx2.available() {
         let mut h0 = 0;
@@ -419,19 +421,19 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: &[&[f32]], out: &mut [f32]
 }
 
 /// [`weighted_sum`] for `heads` heads over the same value rows: head `h` adds
-/// `Σ_j (probs[h·n + j] · scales[h]) · rows[j]` into `out[h·width..(h+1)·width]`. On
+/// `Σ_j (probs[h·n + j] · scales[h]) · row_j` into `out[h·width..(h+1)·width]`. On
 /// AVX-512 each value row is read once for up to four heads; every head's result is
 /// bit-identical to `weighted_sum`'s.
 ///
 /// # Panics
 /// If `scales` is not `heads` long, `probs` is not `heads × rows.len()`, `out` is not
 /// `heads` equal widths, or a row is shorter than a width.
-pub fn weighted_sum_heads(rows: &[&[f32]], probs: &[f32], scales: &[f32], out: &mut [f32]) {
+pub fn weighted_sum_heads(rows: Rows, probs: &[f32], scales: &[f32], out: &mut [f32]) {
     let heads = scales.len();
     let n = rows.len();
     assert!(heads > 0 && out.len().is_multiple_of(heads) && probs.len() == heads * n);
     let width = out.len() / heads;
-    assert!(rows.iter().all(|r| r.len() >= width));
+    assert!(rows.width() >= width);
     #[cfg(target_arch = "x86_64")]
     if Isa::active() == Isa::Avx512 {
         let mut h0 = 0;

@@ -4,34 +4,35 @@
 //! vector registers (written as plain Rust, LLVM kept them in memory and in scalar
 //! registers, and that loop was most of the rollout's attention time).
 
+use super::row_runs::Rows;
 use super::tile::Lanes;
 use super::PANEL;
 
-/// `out[d] += Σ_j (probs[j] · scale) · rows[j][offset + d]`, each lane summed in `j`
+/// `out[d] += Σ_j (probs[j] · scale) · row_j[offset + d]`, each lane summed in `j`
 /// order from zero with a product then a sum (two roundings), then added to `out`.
 ///
 /// # Safety
-/// The CPU runs `L`'s instructions; every row holds `offset + out.len()` values.
+/// The CPU runs `L`'s instructions.
 #[inline(always)]
 pub(super) unsafe fn weighted_sum<L: Lanes>(
-    rows: &[&[f32]],
+    rows: Rows,
     offset: usize,
     probs: &[f32],
     scale: f32,
     out: &mut [f32],
 ) {
-    assert!(rows.len() == probs.len() && rows.iter().all(|r| r.len() >= offset + out.len()));
-    let width = out.len();
+    assert!(rows.len() == probs.len() && rows.width() >= offset + out.len());
+    let (n, width) = (rows.len(), out.len());
     let mut d0 = 0;
     // Four vectors (64 lanes) at a time: four independent chains of adds.
     while d0 + 4 * PANEL <= width {
         let mut acc = [L::zero(); 4];
-        for (j, (row, &p)) in rows.iter().zip(probs).enumerate() {
-            if let Some(ahead) = rows.get(j + PREFETCH_ROWS) {
-                prefetch_span(ahead.as_ptr().add(offset + d0), 4 * PANEL);
+        for (j, &p) in probs.iter().enumerate() {
+            if j + PREFETCH_ROWS < n {
+                prefetch_span(rows.ptr(j + PREFETCH_ROWS).add(offset + d0), 4 * PANEL);
             }
             let w = L::splat(p * scale);
-            let at = row.as_ptr().add(offset + d0);
+            let at = rows.ptr(j).add(offset + d0);
             for (c, a) in acc.iter_mut().enumerate() {
                 *a = L::mul_add_twice(w, L::load(at.add(c * PANEL)), *a);
             }
@@ -43,22 +44,22 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
     }
     while d0 + PANEL <= width {
         let mut acc = L::zero();
-        for (row, &p) in rows.iter().zip(probs) {
+        for (j, &p) in probs.iter().enumerate() {
             acc = L::mul_add_twice(
                 L::splat(p * scale),
-                L::load(row.as_ptr().add(offset + d0)),
+                L::load(rows.ptr(j).add(offset + d0)),
                 acc,
             );
         }
         add_into::<L>(out.as_mut_ptr().add(d0), acc);
         d0 += PANEL;
     }
-    for d in d0..width {
+    for (d, o) in out.iter_mut().enumerate().skip(d0) {
         let mut acc = 0f32;
-        for (row, &p) in rows.iter().zip(probs) {
-            acc += p * scale * row[offset + d];
+        for (j, &p) in probs.iter().enumerate() {
+            acc += p * scale * rows.row(j)[offset + d];
         }
-        out[d] += acc;
+        *o += acc;
     }
 }
 

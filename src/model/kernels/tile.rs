@@ -73,7 +73,7 @@ macro_rules! entry_points {
         /// `rows::weighted_sum`.
         $(#[target_feature(enable = $feature)])?
         pub(super) unsafe fn weighted_sum(
-            rows: &[&[f32]],
+            rows: super::Rows,
             offset: usize,
             probs: &[f32],
             scale: f32,
