@@ -1,16 +1,87 @@
 //! Sampling a generation's next token from the logits of its last position, and
 //! ending the generation (stop token, stop string, max tokens, full context).
 
+use std::sync::Mutex;
+
 use super::core::{EngineCore, Generation};
 use super::error::EngineError;
-use super::sampling::{sample, SampledToken};
+use super::rng::SeqRng;
+use super::sampling::{sample, SampledToken, Sampling};
 use super::stop::{check_sampled, StopReason};
 use crate::kv::SeqId;
+use crate::model::team;
+
+/// Below this many sequences to sample in one step, the engine thread samples them
+/// itself (waking the team costs more than one draw).
+const TEAM_SAMPLING_MIN: usize = 2;
 
 impl EngineCore {
     /// Samples `seq`'s next token from `logits`, then either finishes the generation
     /// or queues the token to be fed.
     pub(super) fn sample_next(&mut self, seq: SeqId, logits: &[f32]) -> Result<(), EngineError> {
+        self.sample_all(&[(seq, logits)])
+    }
+
+    /// [`Self::sample_next`] for several sequences, in order. The draws (a pass or two
+    /// over the vocabulary each, the step's largest serial work) run on the forward's
+    /// team, a share of the sequences per member: each sequence draws from its own
+    /// random stream, so every token is the one a draw alone would give.
+    pub(super) fn sample_all(&mut self, due: &[(SeqId, &[f32])]) -> Result<(), EngineError> {
+        // Who draws: a generation below its token limit (its stream, copied out).
+        let mut draws: Vec<(usize, Sampling, Mutex<SeqRng>)> = Vec::new();
+        for (i, (seq, _)) in due.iter().enumerate() {
+            let s = self
+                .seqs
+                .get(seq)
+                .ok_or(EngineError::UnknownSequence(*seq))?;
+            if let Some(g) = &s.generating {
+                if g.tokens.len() < g.params.max_new_tokens {
+                    draws.push((i, g.params.sampling, Mutex::new(g.rng.clone())));
+                }
+            }
+        }
+        let drawn: Vec<Mutex<Option<SampledToken>>> =
+            draws.iter().map(|_| Mutex::new(None)).collect();
+        let draw = |k: usize| {
+            let (i, sampling, rng) = &draws[k];
+            let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
+            let token = sample(due[*i].1, sampling, &mut rng);
+            *drawn[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+        };
+        if draws.len() >= TEAM_SAMPLING_MIN {
+            team::global().run(|m| m.share(draws.len()).for_each(draw));
+        } else {
+            (0..draws.len()).for_each(draw);
+        }
+        let mut drawn = draws.into_iter().zip(drawn).peekable();
+        for (i, &(seq, _)) in due.iter().enumerate() {
+            match drawn.next_if(|((at, ..), _)| *at == i) {
+                Some(((_, _, rng), token)) => {
+                    let rng = rng.into_inner().unwrap_or_else(|e| e.into_inner());
+                    let token = token.into_inner().unwrap_or_else(|e| e.into_inner());
+                    // Every draw ran to the end (a panicking one re-raised in `run`).
+                    let token = token.expect("a draw that did not finish");
+                    self.take_sampled(seq, token, rng)?;
+                }
+                None => {
+                    let generating = self.seqs.get(&seq).is_some_and(|s| s.generating.is_some());
+                    if generating {
+                        self.finish(seq, StopReason::MaxTokens)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a token drawn for `seq` (with its random stream after the draw): either
+    /// finishes the generation or queues the token to be fed.
+    fn take_sampled(
+        &mut self,
+        seq: SeqId,
+        drawn: SampledToken,
+        rng: SeqRng,
+    ) -> Result<(), EngineError> {
         let max_pos = self.model.model.config().max_position_embeddings;
         let cached = self.kv.seq_len(seq)?;
         let s = self
@@ -20,10 +91,8 @@ impl EngineCore {
         let Some(g) = s.generating.as_mut() else {
             return Ok(());
         };
-        if g.tokens.len() >= g.params.max_new_tokens {
-            return self.finish(seq, StopReason::MaxTokens);
-        }
-        let SampledToken { token, logprob } = sample(logits, &g.params.sampling, &mut g.rng);
+        g.rng = rng;
+        let SampledToken { token, logprob } = drawn;
         self.counters.sampled += 1;
         // The sequence's length with the new token: what is cached plus what is
         // pending (the token joins the pending ones).

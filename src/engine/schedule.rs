@@ -194,6 +194,8 @@ impl EngineCore {
         self.counters.steps += 1;
         let tick = self.tick;
         let rows: usize = plan.chosen.iter().map(|&(_, n)| n).sum();
+        // Sequences whose generation samples from this step's logits.
+        let mut due: Vec<(SeqId, Arc<Vec<f32>>)> = Vec::new();
         for ((seq, n), logits) in plan.chosen.into_iter().zip(out) {
             let fed = self.seqs[&seq].pending[..n].to_vec();
             self.kv.commit(seq, &fed)?;
@@ -232,10 +234,14 @@ impl EngineCore {
                 let last = logits.rows.into_iter().last().map(Arc::new);
                 s.last_logits = last.clone();
                 if let (Some(logits), true) = (last, s.generating.is_some()) {
-                    self.sample_next(seq, &logits)?;
+                    due.push((seq, logits));
                 }
             }
         }
+        // The step's draws together, after every sequence's rows are in (a draw reads
+        // only its own sequence's logits and state).
+        let due: Vec<(SeqId, &[f32])> = due.iter().map(|(seq, l)| (*seq, &l[..])).collect();
+        self.sample_all(&due)?;
         self.counters.peak_kv_bytes = self
             .counters
             .peak_kv_bytes
