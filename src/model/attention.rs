@@ -120,22 +120,28 @@ pub struct AttentionShape {
 type HeadRows<'a> = (RowRuns<'a>, RowRuns<'a>);
 
 /// Below this many (token, KV head) items, a plan makes one item per query head (see
-/// [`AttentionPlan`]).
-const MIN_GROUPED_ITEMS: usize = 16;
+/// [`AttentionPlan`]): a single token's 3 KV heads split 2 / 1 over two threads.
+const MIN_GROUPED_ITEMS: usize = 6;
+
+/// What an item costs beyond its keys, in keys: the query's load, the softmax's
+/// passes and the output's store (it only weighs the split, results never see it).
+const ITEM_OVERHEAD_KEYS: u64 = 16;
 
 /// One layer's attention for a whole batch, planned once: each new token's sequence
 /// and position, and each sequence's key and value rows, flattened from the store's
 /// runs before the work is split (not once per item).
 ///
 /// The work is one item per (token, KV head): the query heads that share a KV head
-/// (grouped-query attention) are computed one after the other by the same thread, so
-/// their KV head's rows are read from memory once and from cache for the others (at
-/// rollout contexts a sequence's cache does not fit in L2). With few tokens (decoding
-/// a batch of one or two) that gives too few items to split evenly over the threads
-/// (3 KV heads on 2 threads: one does twice the other's work), so each query head is
-/// an item of its own there. Each (token, head) output is still its own fixed
-/// sequential loop over positions, the same whichever item, batch or thread
-/// computes it.
+/// (grouped-query attention) in one pass over their KV head's rows, so each row is
+/// read once for all of them. With a single token that gives too few items to split
+/// evenly over the threads (3 KV heads on 2 threads: one does twice the other's
+/// work), so each query head is an item of its own there. Each (token, head) output
+/// is still its own fixed sequential loop over positions, the same whichever item,
+/// batch or thread computes it.
+///
+/// Members take contiguous ranges of items of about equal cost ([`Self::share`]: the
+/// keys they read), not equal counts: a batch's sequences differ in context length
+/// several-fold, and the members meet at a barrier after attention.
 ///
 /// Items run KV head by KV head, and within one KV head, sequences that share cached
 /// blocks (a tree's branches, a prompt's trees, a common system prompt) run next to
@@ -156,6 +162,8 @@ pub struct AttentionPlan<'a> {
     seq_rows: Vec<Vec<HeadRows<'a>>>,
     /// The items in the order they run: (token row, first query head).
     items: Vec<(u32, u32)>,
+    /// `cost_before[k]`: the cost of items `0..k` (keys read, plus an overhead each).
+    cost_before: Vec<u64>,
 }
 
 impl<'a> AttentionPlan<'a> {
@@ -209,13 +217,53 @@ impl<'a> AttentionPlan<'a> {
                 }
             }
         }
+        let mut cost_before = Vec::with_capacity(items.len() + 1);
+        let mut total = 0u64;
+        cost_before.push(0);
+        for &(row, _) in &items {
+            let keys = row_info[row as usize].1 as u64 + 1;
+            total += keys * heads_per_item as u64 + ITEM_OVERHEAD_KEYS;
+            cost_before.push(total);
+        }
         AttentionPlan {
             shape,
             heads_per_item,
             row_info,
             seq_rows,
             items,
+            cost_before,
         }
+    }
+
+    /// What item `idx` weighs in [`Self::share`]: the keys it reads (once per query
+    /// head it computes) plus a fixed overhead.
+    pub fn item_cost(&self, idx: usize) -> u64 {
+        self.cost_before[idx + 1] - self.cost_before[idx]
+    }
+
+    /// Member `index` of `size`'s items: contiguous ranges in run order, together
+    /// every item once, each about `1 / size` of the plan's cost (its boundaries are
+    /// the item edges nearest to equal shares).
+    pub fn share(&self, index: usize, size: usize) -> std::ops::Range<usize> {
+        let edge = |i: usize| {
+            if i == 0 {
+                return 0;
+            }
+            if i >= size {
+                return self.items.len();
+            }
+            let total = *self.cost_before.last().unwrap_or(&0);
+            let target = (total as u128 * i as u128 / size as u128) as u64;
+            // The first edge at or past the target, or the one before it if nearer.
+            let k = self.cost_before.partition_point(|&c| c < target);
+            let k = if k > 0 && target - self.cost_before[k - 1] < self.cost_before[k] - target {
+                k - 1
+            } else {
+                k
+            };
+            k.min(self.items.len())
+        };
+        edge(index)..edge(index + 1).max(edge(index))
     }
 
     /// How many items the plan has: (token, KV head) pairs, or (token, query head)

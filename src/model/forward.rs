@@ -208,7 +208,7 @@ impl Model {
                     // SAFETY: as in the first run: own items (disjoint output
                     // ranges), rows or columns only, others' results read after a
                     // barrier.
-                    for item in m.share(plan.items()) {
+                    for item in plan.share(m.index(), m.size()) {
                         plan.attend_item(q, item, unsafe {
                             attn_s.get_mut(plan.item_output(item))
                         });
