@@ -4,6 +4,8 @@
 //! run a while: `cargo run --release --example attention_speed [-- CONTEXT BATCH]`.
 //!
 //! `CONTEXT BATCH SHARED`: the sequences share their first SHARED positions' blocks.
+//! `BLOCK=N` sets the positions per block (the engine's default is 16); `SEQUENTIAL=1`
+//! lays each sequence's blocks out in order instead of scattering them.
 //!
 //! Prints the machine's sequential read bandwidth first (one and two threads), then ns
 //! per (query head, key position), the unit attention's cost scales with,
@@ -19,7 +21,8 @@ const SHAPE: AttentionShape = AttentionShape {
     num_kv_heads: 3,
     head_dim: 64,
 };
-const BLOCK: usize = 16;
+/// Positions per block unless `BLOCK` says otherwise: the engine's default.
+const DEFAULT_BLOCK: usize = 16;
 
 /// One layer of a paged store: `tables[slot]` lists the blocks of a sequence, which
 /// are spread through a pool of `pool_blocks` (a fixed pseudo-random permutation).
@@ -27,14 +30,16 @@ struct ScatteredStore {
     keys: Vec<f32>,
     values: Vec<f32>,
     tables: Vec<Vec<usize>>,
+    /// Positions per block.
+    block: usize,
 }
 
 impl ScatteredStore {
     /// The first `shared` positions' blocks are the same for every sequence (a tree's
     /// common prefix); the rest are each sequence's own.
-    fn new(seqs: usize, context: usize, shared: usize, pool_blocks: usize) -> Self {
+    fn new(seqs: usize, context: usize, shared: usize, pool_blocks: usize, block: usize) -> Self {
         let kv_dim = SHAPE.num_kv_heads * SHAPE.head_dim;
-        let per_seq = context.div_ceil(BLOCK);
+        let per_seq = context.div_ceil(block);
         assert!(seqs * per_seq <= pool_blocks);
         let mut order: Vec<usize> = (0..pool_blocks).collect();
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -45,7 +50,7 @@ impl ScatteredStore {
             state ^= state << 17;
             order.swap(i, (state % (i as u64 + 1)) as usize);
         }
-        let common = shared / BLOCK;
+        let common = shared / block;
         let tables = (0..seqs)
             .map(|s| {
                 let own = &order[s * per_seq..(s + 1) * per_seq];
@@ -56,7 +61,7 @@ impl ScatteredStore {
                     .collect()
             })
             .collect();
-        let floats = pool_blocks * BLOCK * kv_dim;
+        let floats = pool_blocks * block * kv_dim;
         let fill = |seed: usize| -> Vec<f32> {
             (0..floats)
                 .map(|i| (((i + seed) * 7919 % 2003) as f32) / 1001.0 - 1.0)
@@ -66,6 +71,7 @@ impl ScatteredStore {
             keys: fill(1),
             values: fill(2),
             tables,
+            block,
         }
     }
 }
@@ -83,7 +89,7 @@ impl KvStore for ScatteredStore {
     }
 
     fn chunks(&self, _layer: usize, slot: usize, _len: usize) -> Vec<KvChunk<'_>> {
-        let width = BLOCK * SHAPE.num_kv_heads * SHAPE.head_dim;
+        let width = self.block * SHAPE.num_kv_heads * SHAPE.head_dim;
         self.tables[slot]
             .iter()
             .map(|&b| {
@@ -115,14 +121,20 @@ fn main() {
     };
     // A third argument: positions every sequence shares (default none).
     let shared = args.get(2).copied().unwrap_or(0);
+    let block: usize = std::env::var("BLOCK")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .filter(|&b: &usize| b.is_power_of_two())
+        .unwrap_or(DEFAULT_BLOCK);
     // 1.5 GB of K and V: far past the last-level cache, as a rollout's pool is.
-    let pool_blocks = 1 << 16;
+    let pool_blocks = (1 << 16) * DEFAULT_BLOCK / block;
+    println!("{block} positions per block");
     read_bandwidth();
     println!("| context | batch | ns / (head, key) | K/V GB/s |");
     println!("|---|---|---|---|");
     for &context in &contexts {
         for &batch in &batches {
-            let store = ScatteredStore::new(batch, context, shared.min(context), pool_blocks);
+            let store = ScatteredStore::new(batch, context, shared.min(context), pool_blocks, block);
             let spans: Vec<SeqSpan> = (0..batch)
                 .map(|s| SeqSpan {
                     slot: s,

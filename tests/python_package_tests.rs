@@ -44,6 +44,8 @@ fn the_python_package_passes_its_pytest_suite() {
             "-q",
             "-p",
             "no:cacheprovider",
+            // The slowest tests' times in the log: what to trim when CI grows.
+            "--durations=8",
             "python/tests",
         ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
