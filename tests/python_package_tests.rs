@@ -37,6 +37,13 @@ fn the_python_package_passes_its_pytest_suite() {
     };
     // Fetched here so the suite's engines find the model in the cache.
     common::default_model();
+    // A tiny model (seeded random weights, HF layout) for the tests whose checks do
+    // not depend on the model (the trainer's bookkeeping, the Ray pool's): minutes of
+    // CI time on the default model.
+    let tiny = tempfile::tempdir().unwrap();
+    let mut model = common::tiny::TinyModel::new(common::tiny::Flavour::Llama, 5);
+    model.context = 4096;
+    model.write_hf(tiny.path(), candle_core::DType::F32, 1);
     let out = Command::new(&python)
         .args([
             "-m",
@@ -50,6 +57,7 @@ fn the_python_package_passes_its_pytest_suite() {
         ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("TREEGRPO_BIN", env!("CARGO_BIN_EXE_treegrpo"))
+        .env("TREEGRPO_TEST_MODEL", tiny.path())
         .output()
         .expect("cannot run pytest");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -1,6 +1,10 @@
 """Shared fixtures: one engine on the default model for the whole suite (loading it
 takes seconds), and the `treegrpo` binary the suite compares against.
 
+`TEST_MODEL`: the model of the tests whose checks do not depend on the model (the
+trainer's and the Ray pool's bookkeeping): the tiny model `cargo test` writes and
+names in `TREEGRPO_TEST_MODEL`, else (None) the default model.
+
 Run by `cargo test` (tests/python_package_tests.rs) in a venv where the package is
 installed, or by hand: `pytest python/tests` with `TREEGRPO_BIN` naming the binary.
 """
@@ -11,6 +15,8 @@ import shutil
 import pytest
 
 import treegrpo
+
+TEST_MODEL = os.environ.get("TREEGRPO_TEST_MODEL")
 
 
 @pytest.fixture(scope="session")

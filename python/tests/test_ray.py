@@ -21,6 +21,7 @@ except ImportError:
 from treegrpo.ray import PoolError, RolloutPool
 
 import test_rollout
+from conftest import TEST_MODEL
 from test_rollout import SAMPLES, CalcTask
 
 # The environment class travels to the actors by value: its module (this suite's)
@@ -29,7 +30,7 @@ cloudpickle.register_pickle_by_value(test_rollout)
 
 SHAPE = dict(trees=2, expand=2, rounds=1, max_turns=1, max_step_tokens=16, seed=3)
 PROMPTS = 8
-ENGINE = dict(kv_mib=256, seed=0)
+ENGINE = dict(kv_mib=256, seed=0, model=TEST_MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +149,7 @@ def checkpoint(tmp_path_factory, one_engine_result):
         for i, t in enumerate(one_engine_result.trajectories[:2])
     ]
     path = tmp_path_factory.mktemp("ray") / "ckpt"
-    treegrpo.update(None, trajectories, str(path), lr=1e-4)
+    treegrpo.update(TEST_MODEL, trajectories, str(path), lr=1e-4)
     return str(path)
 
 
@@ -209,4 +210,4 @@ def test_bad_input_is_refused_and_the_pool_keeps_serving(pool, call, error):
 def test_a_replica_that_cannot_start_fails_the_pool_with_its_cause(local_ray, tmp_path):
     missing = tmp_path / "no-such-model.gguf"
     with pytest.raises(PoolError, match="no replica of the pool started"):
-        RolloutPool(1, model=missing, **ENGINE)
+        RolloutPool(1, **{**ENGINE, "model": missing})

@@ -5,6 +5,7 @@ import json
 
 import treegrpo
 
+from conftest import TEST_MODEL
 from test_rollout import SAMPLES, CalcTask
 
 LOOP = dict(
@@ -15,7 +16,7 @@ LOOP = dict(
     max_turns=1,
     max_step_tokens=12,
     eval_every=1,
-    lr=1e-5,
+    lr=1e-4,
 )
 
 LOG_FIELDS = {
@@ -38,7 +39,7 @@ LOG_FIELDS = {
 
 
 def test_trainer_steps_update_and_serve_each_policy_then_resume(tmp_path):
-    engine = treegrpo.Engine(kv_mib=256)
+    engine = treegrpo.Engine(kv_mib=256, model=TEST_MODEL)
     # A frozen KL reference (the starting weights), so the logged KL moves off 0.
     loop = {**LOOP, "kl_reference": "start"}
     with treegrpo.Trainer(engine, CalcTask, tmp_path / "run", steps=2, **loop) as trainer:
@@ -60,7 +61,7 @@ def test_trainer_steps_update_and_serve_each_policy_then_resume(tmp_path):
     assert (tmp_path / "run" / "reference" / "model.safetensors").exists()
 
     # A new trainer on a fresh engine continues from the checkpoint of step 2.
-    fresh = treegrpo.Engine(kv_mib=256)
+    fresh = treegrpo.Engine(kv_mib=256, model=TEST_MODEL)
     with treegrpo.Trainer(fresh, CalcTask, tmp_path / "run", steps=3, **loop) as resumed:
         assert resumed.resume() == 2
         more = resumed.run()
