@@ -41,9 +41,7 @@ fn the_python_package_passes_its_pytest_suite() {
     // not depend on the model (the trainer's bookkeeping, the Ray pool's): minutes of
     // CI time on the default model.
     let tiny = tempfile::tempdir().unwrap();
-    let mut model = common::tiny::TinyModel::new(common::tiny::Flavour::Llama, 5);
-    model.context = 4096;
-    model.write_hf(tiny.path(), candle_core::DType::F32, 1);
+    common::tiny::write_long_context(tiny.path(), 5);
     let out = Command::new(&python)
         .args([
             "-m",

@@ -16,8 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use candle_core::DType;
-use common::tiny::{Flavour, TinyModel};
 use treegrpo::closed_loop::{read_log, StepLog};
 
 /// Steps of the test's run: enough that an interrupt after step 1 lands mid-run.
@@ -30,10 +28,8 @@ fn treegrpo() -> Command {
 /// A tiny HF model (seeded random weights, byte-level vocabulary, ChatML) in
 /// `dir/model`, with room for the calc prompt.
 fn tiny_model(dir: &Path) -> PathBuf {
-    let mut tiny = TinyModel::new(Flavour::Llama, 5);
-    tiny.context = 4096;
     let path = dir.join("model");
-    tiny.write_hf(&path, DType::F32, 1);
+    common::tiny::write_long_context(&path, 5);
     path
 }
 

@@ -21,7 +21,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use candle_core::DType;
-use common::tiny::{Flavour, TinyModel};
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::closed_loop::{
     evaluate, read_log, run_sft, sft_sample, warm_start, LoopConfig, LoopEvent, LoopOutcome,
@@ -37,16 +36,6 @@ use treegrpo::train::{KlReference, Optimizer, OptimizerConfig, Params, UpdateCon
 
 fn model() -> Arc<LoadedModel> {
     Arc::new(LoadedModel::load(&common::default_model()).unwrap())
-}
-
-/// A tiny llama (seeded random weights, 2 layers of width 64, byte-level vocabulary,
-/// ChatML) written to `dir/model`, with room for the calc prompt.
-fn tiny_model(dir: &Path) -> Arc<LoadedModel> {
-    let mut tiny = TinyModel::new(Flavour::Llama, 5);
-    tiny.context = 4096;
-    let path = dir.join("model");
-    tiny.write_hf(&path, DType::F32, 1);
-    Arc::new(LoadedModel::load(&path).unwrap())
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -213,7 +202,7 @@ fn no_events() -> treegrpo::closed_loop::EventFn {
 #[test]
 fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
     let dir = tempfile::tempdir().unwrap();
-    let m = tiny_model(dir.path());
+    let m = common::server::tiny(&dir.path().join("model"), 5);
     let rt = rt();
 
     // A frozen KL reference: the run's start weights, kept in the run folder.

@@ -8,14 +8,12 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use candle_core::DType;
 use serde_json::Value;
 use treegrpo::engine::{generate, Engine, EngineConfig, GenerateRequest, Sampling};
 use treegrpo::model::{LoadedModel, Model};
 use treegrpo::serve::{ServeConfig, Server};
 
 use super::http::Reply;
-use super::tiny::{Flavour, TinyModel};
 
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -77,9 +75,7 @@ impl Drop for TestServer {
 
 /// A tiny model with room for long generations (the disconnect tests need time).
 pub fn tiny(dir: &Path, seed: u64) -> Arc<LoadedModel> {
-    let mut t = TinyModel::new(Flavour::Llama, seed);
-    t.context = 4096;
-    t.write_hf(dir, DType::F32, 1);
+    super::tiny::write_long_context(dir, seed);
     Arc::new(LoadedModel::load(dir).unwrap())
 }
 

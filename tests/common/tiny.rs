@@ -369,6 +369,15 @@ impl TinyModel {
     }
 }
 
+/// A tiny llama (seeded random weights, f32, HF layout) written to `dir`, with a
+/// 4,096-position context: room for the tasks' prompts and long generations. The
+/// model of the tests whose checks do not depend on the model.
+pub fn write_long_context(dir: &Path, seed: u64) {
+    let mut t = TinyModel::new(Flavour::Llama, seed);
+    t.context = 4096;
+    t.write_hf(dir, DType::F32, 1);
+}
+
 /// llama.cpp's name for an HF tensor name.
 pub fn gguf_name(hf: &str) -> String {
     let fixed = [
