@@ -134,7 +134,8 @@ fn main() {
     println!("|---|---|---|---|");
     for &context in &contexts {
         for &batch in &batches {
-            let store = ScatteredStore::new(batch, context, shared.min(context), pool_blocks, block);
+            let store =
+                ScatteredStore::new(batch, context, shared.min(context), pool_blocks, block);
             let spans: Vec<SeqSpan> = (0..batch)
                 .map(|s| SeqSpan {
                     slot: s,
