@@ -70,6 +70,39 @@ impl Vocabulary {
         }
     }
 
+    /// The vocabulary of a llama.cpp GGUF file (`tokenizer.ggml.*`): its tokens, its
+    /// merges, and its control tokens (type 3) as the specials. With the default
+    /// model's file, a tiny model speaks SmolLM2's tokens.
+    pub fn from_gguf(path: &Path) -> Self {
+        let mut file = std::fs::File::open(path).unwrap();
+        let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+        let array = |key: &str| match &content.metadata[key] {
+            Value::Array(v) => v.clone(),
+            other => panic!("{key}: not an array: {other:?}"),
+        };
+        let string = |v: &Value| v.to_string().unwrap().clone();
+        let tokens: Vec<String> = array("tokenizer.ggml.tokens").iter().map(string).collect();
+        let merges = array("tokenizer.ggml.merges")
+            .iter()
+            .map(|m| {
+                let merge = string(m);
+                let (a, b) = merge.split_once(' ').unwrap();
+                (a.to_string(), b.to_string())
+            })
+            .collect();
+        let specials = array("tokenizer.ggml.token_type")
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.to_i32().unwrap() == 3)
+            .map(|(i, _)| i as u32)
+            .collect();
+        Vocabulary {
+            tokens,
+            merges,
+            specials,
+        }
+    }
+
     /// SmolLM2's `tokenizer.json` layout for this vocabulary: BPE, pre-tokenizer
     /// `Sequence[Digits(individual), ByteLevel(no prefix space, regex)]`, ByteLevel
     /// decoder, special tokens as special added tokens.
@@ -180,7 +213,17 @@ impl TinyModel {
 
     /// Two layers, 4 heads over 2 KV heads, the given widths.
     pub fn with_dims(flavour: Flavour, seed: u64, hidden: usize, ff: usize) -> Self {
-        let vocab = Vocabulary::tiny();
+        Self::with_vocabulary(flavour, seed, Vocabulary::tiny(), hidden, ff)
+    }
+
+    /// Two layers, 4 heads over 2 KV heads, the given widths and vocabulary.
+    pub fn with_vocabulary(
+        flavour: Flavour,
+        seed: u64,
+        vocab: Vocabulary,
+        hidden: usize,
+        ff: usize,
+    ) -> Self {
         let (layers, heads, kv_heads) = (2, 4, 2);
         let (q, kv, v) = (hidden, hidden / heads * kv_heads, vocab.tokens.len());
         let qwen = flavour == Flavour::Qwen2;
