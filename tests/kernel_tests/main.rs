@@ -343,10 +343,12 @@ fn attention_scores_four_keys_at_a_time_equal_the_fixed_order_dot() {
 fn grouped_query_heads_read_each_row_once_and_equal_one_head_at_a_time() {
     use treegrpo::model::kernels::{dot_rows, dot_rows_heads, weighted_sum, weighted_sum_heads};
     let mut rng = Lcg(29);
-    // Heads 1-4 run as one group on AVX-512, 5 and 7 in pieces; widths past 64 and
-    // not a multiple of 64 take the per-head remainder; 0 and 3 rows the tail paths.
+    // Heads 1-4 run as one group on AVX-512 (1-3 on AVX2), 5 and 7 in pieces; widths
+    // past 64 (32 on AVX2) and not a multiple of it take the per-head remainder; 0 and
+    // 3 rows the tail paths.
     for (heads, n, dim) in [
         (3, 37, 64),
+        (3, 13, 96),
         (1, 4, 64),
         (2, 9, 128),
         (4, 3, 64),

@@ -99,43 +99,129 @@ impl Lanes for Avx2 {
     }
 }
 
-/// [`super::rows::dot_fixed`] of `q` with `row_j[offset..]` into `out[j]`, four rows at
-/// a time: the four keys' lane sums are reduced together by shuffles that add exactly
-/// the pairs `dot_fixed` adds, so each result is bit-identical to it.
+/// [`super::rows::dot_fixed`] of `q` with `row_j[offset..]` into `out[j]`: the
+/// one-head case of [`dot_rows_heads`].
 ///
 /// # Safety
-/// The CPU supports AVX2 and FMA; `q.len()` is a multiple of 16 and every row holds
-/// `offset + q.len()` values; `out.len() == rows.len()`.
+/// As [`dot_rows_heads`] with one head.
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
-    let (chunks, n) = (q.len() / 16, rows.len());
-    let qp = q.as_ptr();
+    dot_rows_heads(q, 1, rows, offset, out)
+}
+
+/// [`super::rows::dot_fixed`] of `heads` queries (`qs`: `heads × dim`, grouped-query
+/// attention's heads sharing one KV head) with `row_j[offset..]`, head `h`'s scores
+/// into `out[h * rows.len()..]`, four rows at a time: the four keys' lane sums are
+/// reduced together by shuffles that add exactly the pairs `dot_fixed` adds, so each
+/// result is bit-identical to it. Every head takes its turn on the same four rows
+/// before the next four, so a key row comes from memory once for all heads and from
+/// L1 for the others (eight accumulators per head fill half the 16 registers, so the
+/// heads cannot share one pass as on AVX-512).
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `qs.len() == heads * dim` with `dim` a multiple of
+/// 16, every row holds `offset + dim` values; `out.len() == heads * rows.len()`.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn dot_rows_heads(
+    qs: &[f32],
+    heads: usize,
+    rows: Rows,
+    offset: usize,
+    out: &mut [f32],
+) {
+    let (n, dim) = (rows.len(), qs.len() / heads);
+    let chunks = dim / 16;
     let mut j = 0;
     while j + 4 <= n {
         let p: [*const f32; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
         for ahead in (j + super::rows::PREFETCH_ROWS..n).take(4) {
-            super::rows::prefetch_span(rows.ptr(ahead).add(offset), q.len());
+            super::rows::prefetch_span(rows.ptr(ahead).add(offset), dim);
         }
-        let mut lo = [_mm256_setzero_ps(); 4];
-        let mut hi = [_mm256_setzero_ps(); 4];
-        for c in 0..chunks {
-            let (q0, q1) = (
-                _mm256_loadu_ps(qp.add(16 * c)),
-                _mm256_loadu_ps(qp.add(16 * c + 8)),
-            );
-            for i in 0..4 {
-                lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(p[i].add(16 * c)), lo[i]);
-                hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(p[i].add(16 * c + 8)), hi[i]);
+        for h in 0..heads {
+            let qp = qs.as_ptr().add(h * dim);
+            let mut lo = [_mm256_setzero_ps(); 4];
+            let mut hi = [_mm256_setzero_ps(); 4];
+            for c in 0..chunks {
+                let (q0, q1) = (
+                    _mm256_loadu_ps(qp.add(16 * c)),
+                    _mm256_loadu_ps(qp.add(16 * c + 8)),
+                );
+                for i in 0..4 {
+                    lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(p[i].add(16 * c)), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(p[i].add(16 * c + 8)), hi[i]);
+                }
             }
+            // 16 → 8: lane l += lane l + 8.
+            let s: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(lo[i], hi[i]));
+            out[h * n + j..h * n + j + 4].copy_from_slice(&reduce_four(s));
         }
-        // 16 → 8: lane l += lane l + 8.
-        let s: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(lo[i], hi[i]));
-        let sums = reduce_four(s);
-        out[j..j + 4].copy_from_slice(&sums);
         j += 4;
     }
-    for (jj, o) in out.iter_mut().enumerate().skip(j) {
-        *o = super::rows::dot_fixed(q, &rows.row(jj)[offset..offset + q.len()]);
+    for jj in j..n {
+        let row = rows.row(jj);
+        for h in 0..heads {
+            out[h * n + jj] =
+                super::rows::dot_fixed(&qs[h * dim..(h + 1) * dim], &row[offset..offset + dim]);
+        }
+    }
+}
+
+/// Most query heads [`weighted_sum_heads`] takes at once: three heads' 32-lane
+/// accumulators are 12 of the 16 registers.
+pub(super) const MAX_SUM_HEADS: usize = 3;
+
+/// [`super::rows::weighted_sum`] for `H` query heads at once, 32 lanes at a time: head
+/// `h` adds `Σ_j (probs[h·n + j] · scales[h]) · row_j` into `out[h·width..]`. Each
+/// value row's 32 lanes are loaded once for all heads; every lane still receives its
+/// own product-then-sum in row order from zero, so each head's result is
+/// bit-identical to `weighted_sum` alone.
+///
+/// # Safety
+/// The CPU supports AVX2; `H <= MAX_SUM_HEADS`, `out.len() == H * width`,
+/// `probs.len() == H * rows.len()`, `scales.len() == H`, and every row holds `width`
+/// values.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn weighted_sum_heads<const H: usize>(
+    rows: Rows,
+    probs: &[f32],
+    scales: &[f32],
+    out: &mut [f32],
+) {
+    let (n, width) = (rows.len(), out.len() / H);
+    let mut d0 = 0;
+    while d0 + 32 <= width {
+        let mut acc = [[_mm256_setzero_ps(); 4]; H];
+        for j in 0..n {
+            if j + super::rows::PREFETCH_ROWS < n {
+                super::rows::prefetch_span(rows.ptr(j + super::rows::PREFETCH_ROWS).add(d0), 32);
+            }
+            let at = rows.ptr(j).add(d0);
+            let v: [__m256; 4] = std::array::from_fn(|c| _mm256_loadu_ps(at.add(8 * c)));
+            for (h, acc_h) in acc.iter_mut().enumerate() {
+                let w = _mm256_set1_ps(probs[h * n + j] * scales[h]);
+                for c in 0..4 {
+                    acc_h[c] = _mm256_add_ps(_mm256_mul_ps(w, v[c]), acc_h[c]);
+                }
+            }
+        }
+        for (h, acc_h) in acc.iter().enumerate() {
+            for (c, a) in acc_h.iter().enumerate() {
+                let o = out.as_mut_ptr().add(h * width + d0 + 8 * c);
+                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), *a));
+            }
+        }
+        d0 += 32;
+    }
+    if d0 < width {
+        for h in 0..H {
+            super::rows::weighted_sum::<Avx2>(
+                rows,
+                d0,
+                &probs[h * n..(h + 1) * n],
+                scales[h],
+                &mut out[h * width + d0..(h + 1) * width],
+            );
+        }
     }
 }
 

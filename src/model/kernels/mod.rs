@@ -380,6 +380,7 @@ const MAX_HEADS_AT_ONCE: usize = 4;
 /// [`dot_rows`] of `heads` queries (`qs`: `heads × dim`, grouped-query attention's heads
 /// sharing one KV head) with the same rows, head `h`'s scores into
 /// `out[h · rows.len()..]`. On AVX-512 each key row is read once for up to four heads;
+/// on AVX2 the heads take turns on each four rows, which stay in L1 between them;
 /// every score is bit-identical to `dot_rows`'s.
 ///
 /// # Panics
@@ -415,6 +416,13 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
         }
         return;
     }
+    #[cfg(target_arch = "x86_64")]
+    if dim.is_multiple_of(16) && Isa::active() == Isa::Avx2 {
+        // SAFETY: the CPU runs AVX2 and FMA (`Isa::active` only returns variants it
+        // runs); shapes asserted above.
+        unsafe { avx2::dot_rows_heads(qs, heads, rows, 0, out) };
+        return;
+    }
     for (q, o) in qs.chunks_exact(dim).zip(out.chunks_exact_mut(n.max(1))) {
         dot_rows(q, rows, 0, &mut o[..n]);
     }
@@ -422,8 +430,8 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
 
 /// [`weighted_sum`] for `heads` heads over the same value rows: head `h` adds
 /// `Σ_j (probs[h·n + j] · scales[h]) · row_j` into `out[h·width..(h+1)·width]`. On
-/// AVX-512 each value row is read once for up to four heads; every head's result is
-/// bit-identical to `weighted_sum`'s.
+/// AVX-512 each value row is read once for up to four heads, on AVX2 for up to three
+/// (32 lanes at a time); every head's result is bit-identical to `weighted_sum`'s.
 ///
 /// # Panics
 /// If `scales` is not `heads` long, `probs` is not `heads × rows.len()`, `out` is not
@@ -449,6 +457,26 @@ pub fn weighted_sum_heads(rows: Rows, probs: &[f32], scales: &[f32], out: &mut [
                     2 => avx512::weighted_sum_heads::<2>(rows, p, s, o),
                     3 => avx512::weighted_sum_heads::<3>(rows, p, s, o),
                     _ => avx512::weighted_sum_heads::<4>(rows, p, s, o),
+                }
+            }
+            h0 += h;
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::active() == Isa::Avx2 {
+        let mut h0 = 0;
+        while h0 < heads {
+            let h = (heads - h0).min(avx2::MAX_SUM_HEADS);
+            let (p, s) = (&probs[h0 * n..(h0 + h) * n], &scales[h0..h0 + h]);
+            let o = &mut out[h0 * width..(h0 + h) * width];
+            // SAFETY: the CPU runs AVX2 (`Isa::active` only returns variants it runs);
+            // `h <= MAX_SUM_HEADS`; shapes asserted above.
+            unsafe {
+                match h {
+                    1 => avx2::weighted_sum_heads::<1>(rows, p, s, o),
+                    2 => avx2::weighted_sum_heads::<2>(rows, p, s, o),
+                    _ => avx2::weighted_sum_heads::<3>(rows, p, s, o),
                 }
             }
             h0 += h;
