@@ -11,6 +11,7 @@ installed, or by hand: `pytest python/tests` with `TREEGRPO_BIN` naming the bina
 
 import os
 import shutil
+import signal
 
 import pytest
 
@@ -30,6 +31,16 @@ def treegrpo_bin():
     if not path:
         pytest.skip("no treegrpo binary (set TREEGRPO_BIN)")
     return path
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt during the test even where the suite started
+    with SIGINT ignored (a shell's background job, some CI runners): Python then
+    installs no handler, and `_thread.interrupt_main` does nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture(autouse=True)

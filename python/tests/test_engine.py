@@ -182,7 +182,7 @@ def test_a_missing_model_is_a_clear_error():
         treegrpo.Engine(model="/nonexistent/model.gguf")
 
 
-def test_ctrl_c_interrupts_a_long_generate_and_the_engine_goes_on(engine):
+def test_ctrl_c_interrupts_a_long_generate_and_the_engine_goes_on(engine, sigint_raises):
     import _thread
 
     timer = threading.Timer(0.5, _thread.interrupt_main)

@@ -212,7 +212,7 @@ def test_bad_rollout_arguments(engine, kwargs, error):
         treegrpo.rollout(engine, **kwargs)
 
 
-def test_ctrl_c_stops_a_rollout_and_frees_its_sequences(engine):
+def test_ctrl_c_stops_a_rollout_and_frees_its_sequences(engine, sigint_raises):
     import _thread
 
     timer = threading.Timer(1.0, _thread.interrupt_main)
