@@ -22,7 +22,7 @@ mod common;
 
 use std::sync::OnceLock;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Content;
 use common::tiny::Vocabulary;
 use treegrpo::model::{ChatMessage, LoadedModel};
 
@@ -38,36 +38,11 @@ fn pair() -> &'static Pair {
         let path = common::default_model();
         let mut f = std::fs::File::open(&path).unwrap();
         let content = Content::read(&mut f).unwrap();
-        let md = |k: &str| match content.metadata.get(k) {
-            Some(Value::Array(v)) => v.clone(),
-            other => panic!("{k}: {other:?}"),
-        };
         assert_eq!(
             content.metadata["tokenizer.ggml.pre"].to_string().unwrap(),
             "smollm"
         );
-        let tokens: Vec<String> = md("tokenizer.ggml.tokens")
-            .iter()
-            .map(|v| v.to_string().unwrap().clone())
-            .collect();
-        let merges = md("tokenizer.ggml.merges")
-            .iter()
-            .map(|v| {
-                let (a, b) = v.to_string().unwrap().split_once(' ').unwrap();
-                (a.to_string(), b.to_string())
-            })
-            .collect();
-        let specials = md("tokenizer.ggml.token_type")
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| t.to_i32().unwrap() == 3)
-            .map(|(i, _)| i as u32)
-            .collect();
-        let vocab = Vocabulary {
-            tokens,
-            merges,
-            specials,
-        };
+        let vocab = Vocabulary::from_gguf(&path);
         Pair {
             ours: LoadedModel::load(&path).unwrap(),
             theirs: vocab.hf_tokenizer(),

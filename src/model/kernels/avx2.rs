@@ -170,58 +170,24 @@ pub(super) unsafe fn dot_rows_heads(
 /// accumulators are 12 of the 16 registers.
 pub(super) const MAX_SUM_HEADS: usize = 3;
 
-/// [`super::rows::weighted_sum`] for `H` query heads at once, 32 lanes at a time: head
-/// `h` adds `Σ_j (probs[h·n + j] · scales[h]) · row_j` into `out[h·width..]`. Each
-/// value row's 32 lanes are loaded once for all heads; every lane still receives its
-/// own product-then-sum in row order from zero, so each head's result is
-/// bit-identical to `weighted_sum` alone.
+/// [`super::rows::weighted_sum_heads`] for `scales.len()` (1 to 3) heads, 32 lanes at
+/// a time.
 ///
 /// # Safety
-/// The CPU supports AVX2; `H <= MAX_SUM_HEADS`, `out.len() == H * width`,
-/// `probs.len() == H * rows.len()`, `scales.len() == H`, and every row holds `width`
-/// values.
+/// The CPU supports AVX2 and FMA; shapes as `rows::weighted_sum_heads` asks.
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn weighted_sum_heads<const H: usize>(
+pub(super) unsafe fn weighted_sum_heads(
     rows: Rows,
     probs: &[f32],
     scales: &[f32],
     out: &mut [f32],
 ) {
-    let (n, width) = (rows.len(), out.len() / H);
-    let mut d0 = 0;
-    while d0 + 32 <= width {
-        let mut acc = [[_mm256_setzero_ps(); 4]; H];
-        for j in 0..n {
-            if j + super::rows::PREFETCH_ROWS < n {
-                super::rows::prefetch_span(rows.ptr(j + super::rows::PREFETCH_ROWS).add(d0), 32);
-            }
-            let at = rows.ptr(j).add(d0);
-            let v: [__m256; 4] = std::array::from_fn(|c| _mm256_loadu_ps(at.add(8 * c)));
-            for (h, acc_h) in acc.iter_mut().enumerate() {
-                let w = _mm256_set1_ps(probs[h * n + j] * scales[h]);
-                for c in 0..4 {
-                    acc_h[c] = _mm256_add_ps(_mm256_mul_ps(w, v[c]), acc_h[c]);
-                }
-            }
-        }
-        for (h, acc_h) in acc.iter().enumerate() {
-            for (c, a) in acc_h.iter().enumerate() {
-                let o = out.as_mut_ptr().add(h * width + d0 + 8 * c);
-                _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), *a));
-            }
-        }
-        d0 += 32;
-    }
-    if d0 < width {
-        for h in 0..H {
-            super::rows::weighted_sum::<Avx2>(
-                rows,
-                d0,
-                &probs[h * n..(h + 1) * n],
-                scales[h],
-                &mut out[h * width + d0..(h + 1) * width],
-            );
-        }
+    use super::rows::weighted_sum_heads as sum;
+    match scales.len() {
+        1 => sum::<Avx2, 1, 2>(rows, probs, scales, out),
+        2 => sum::<Avx2, 2, 2>(rows, probs, scales, out),
+        3 => sum::<Avx2, 3, 2>(rows, probs, scales, out),
+        h => unreachable!("{h} heads at once"),
     }
 }
 

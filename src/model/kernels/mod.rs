@@ -373,7 +373,7 @@ pub fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
     }
 }
 
-/// Most query heads the grouped AVX-512 row loops take at once (their accumulators,
+/// Most query heads the grouped AVX-512 score loop takes at once (its accumulators,
 /// four vectors a head, must stay in the 32 registers); larger groups go in pieces.
 const MAX_HEADS_AT_ONCE: usize = 4;
 
@@ -442,43 +442,24 @@ pub fn weighted_sum_heads(rows: Rows, probs: &[f32], scales: &[f32], out: &mut [
     assert!(heads > 0 && out.len().is_multiple_of(heads) && probs.len() == heads * n);
     let width = out.len() / heads;
     assert!(rows.width() >= width);
-    #[cfg(target_arch = "x86_64")]
-    if Isa::active() == Isa::Avx512 {
+    // The grouped loop of the active variant and how many heads it takes at once.
+    type Grouped = unsafe fn(Rows, &[f32], &[f32], &mut [f32]);
+    let grouped: Option<(Grouped, usize)> = match Isa::active() {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => Some((avx512::weighted_sum_heads, avx512::MAX_SUM_HEADS)),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => Some((avx2::weighted_sum_heads, avx2::MAX_SUM_HEADS)),
+        _ => None,
+    };
+    if let Some((run, most)) = grouped {
         let mut h0 = 0;
         while h0 < heads {
-            let h = (heads - h0).min(MAX_HEADS_AT_ONCE);
+            let h = (heads - h0).min(most);
             let (p, s) = (&probs[h0 * n..(h0 + h) * n], &scales[h0..h0 + h]);
             let o = &mut out[h0 * width..(h0 + h) * width];
-            // SAFETY: the CPU runs AVX-512F (`Isa::active` only returns variants it
-            // runs); shapes asserted above.
-            unsafe {
-                match h {
-                    1 => avx512::weighted_sum_heads::<1>(rows, p, s, o),
-                    2 => avx512::weighted_sum_heads::<2>(rows, p, s, o),
-                    3 => avx512::weighted_sum_heads::<3>(rows, p, s, o),
-                    _ => avx512::weighted_sum_heads::<4>(rows, p, s, o),
-                }
-            }
-            h0 += h;
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if Isa::active() == Isa::Avx2 {
-        let mut h0 = 0;
-        while h0 < heads {
-            let h = (heads - h0).min(avx2::MAX_SUM_HEADS);
-            let (p, s) = (&probs[h0 * n..(h0 + h) * n], &scales[h0..h0 + h]);
-            let o = &mut out[h0 * width..(h0 + h) * width];
-            // SAFETY: the CPU runs AVX2 (`Isa::active` only returns variants it runs);
-            // `h <= MAX_SUM_HEADS`; shapes asserted above.
-            unsafe {
-                match h {
-                    1 => avx2::weighted_sum_heads::<1>(rows, p, s, o),
-                    2 => avx2::weighted_sum_heads::<2>(rows, p, s, o),
-                    _ => avx2::weighted_sum_heads::<3>(rows, p, s, o),
-                }
-            }
+            // SAFETY: `Isa::active` only returns variants the CPU runs; at most
+            // `most` heads; shapes asserted above.
+            unsafe { run(rows, p, s, o) };
             h0 += h;
         }
         return;
