@@ -157,13 +157,7 @@ pub(super) unsafe fn dot_rows_heads(
         }
         j += 4;
     }
-    for jj in j..n {
-        let row = rows.row(jj);
-        for h in 0..heads {
-            out[h * n + jj] =
-                super::rows::dot_fixed(&qs[h * dim..(h + 1) * dim], &row[offset..offset + dim]);
-        }
-    }
+    super::rows::dot_rows_tail(qs, heads, rows, offset, j, out);
 }
 
 /// Most query heads [`weighted_sum_heads`] takes at once: three heads' 32-lane

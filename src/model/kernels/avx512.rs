@@ -130,13 +130,7 @@ pub(super) unsafe fn dot_rows_heads<const H: usize>(
         }
         j += 4;
     }
-    for jj in j..n {
-        let row = rows.row(jj);
-        for h in 0..H {
-            out[h * n + jj] =
-                super::rows::dot_fixed(&qs[h * dim..(h + 1) * dim], &row[offset..offset + dim]);
-        }
-    }
+    super::rows::dot_rows_tail(qs, H, rows, offset, j, out);
 }
 
 /// Most query heads [`weighted_sum_heads`] takes at once: four heads' 64-lane

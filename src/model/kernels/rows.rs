@@ -120,6 +120,25 @@ pub(super) unsafe fn weighted_sum_heads<L: Lanes, const H: usize, const VS: usiz
     }
 }
 
+/// The rows from `from` on that the vector score loops leave (fewer than four): each
+/// head's [`dot_fixed`] with each row, head `h`'s scores at `out[h * rows.len()..]`.
+pub(super) fn dot_rows_tail(
+    qs: &[f32],
+    heads: usize,
+    rows: Rows,
+    offset: usize,
+    from: usize,
+    out: &mut [f32],
+) {
+    let (n, dim) = (rows.len(), qs.len() / heads);
+    for j in from..n {
+        let row = rows.row(j);
+        for h in 0..heads {
+            out[h * n + j] = dot_fixed(&qs[h * dim..(h + 1) * dim], &row[offset..offset + dim]);
+        }
+    }
+}
+
 /// How many rows ahead attention's row loops ask for their data: the rows of a
 /// sequence's cache lie in scattered blocks, which the hardware prefetcher does not
 /// follow, so without it the loops wait on memory at every block.
