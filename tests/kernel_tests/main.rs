@@ -163,8 +163,9 @@ fn every_variant_and_the_dequantised_copy_agree_bit_for_bit() {
     for (out, inp) in [(48, 576), (20, 64), (9, 45)] {
         for m in every_format(out, inp, 21) {
             let dense = PackedMatrix::from_f32(out, inp, &m.to_dense()).unwrap();
-            // 9 to 16 rows are one wide tile on AVX-512, 17 two plain ones.
-            for rows in [1, 2, 3, 8, 9, 12, 16, 17] {
+            // 9 to 16 rows are one wide tile on AVX-512, 17 two plain ones; on AVX2
+            // 7 to 24 rows but 12, 18 and 24 are tiles of half panels (25: whole).
+            for rows in [1, 2, 3, 7, 8, 9, 12, 13, 16, 17, 23, 24, 25] {
                 let x = Lcg(rows as u64).vec(rows * inp);
                 let reference = m.matmul_with(Isa::Scalar, &x, rows);
                 for &isa in &isas {
@@ -202,6 +203,7 @@ fn a_row_is_bit_identical_alone_and_in_any_batch_on_every_variant() {
                 (9, 8),
                 (13, 6),
                 (16, 15),
+                (23, 22),
                 (33, 17),
                 (64, 63),
             ] {

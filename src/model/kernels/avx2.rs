@@ -18,8 +18,13 @@ impl Lanes for Avx2 {
     // loads from L2 were the bound).
     const ROW_TILE: usize = 6;
     const PANEL_GROUP: usize = 1;
-    // Too few registers for a 9-row tile.
+    // Too few registers for a 9-row tile of whole panels; half panels instead.
     const WIDE_ROWS: usize = 0;
+    // 12 rows × one half panel = 12 accumulators, one converted weight vector, the
+    // row's x and the block's scale.
+    const HALF_ROWS: usize = 12;
+    type Lo = Avx2Half<false>;
+    type Hi = Avx2Half<true>;
     #[inline(always)]
     unsafe fn zero() -> Pair {
         Pair(_mm256_setzero_ps(), _mm256_setzero_ps())
@@ -54,49 +59,125 @@ impl Lanes for Avx2 {
     }
     #[inline(always)]
     unsafe fn widen_bf16(at: *const u16) -> Pair {
-        let w = |p: *const u16| {
-            let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
-            _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16))
-        };
-        Pair(w(at), w(at.add(8)))
+        Pair(widen_bf16_8(at), widen_bf16_8(at.add(8)))
     }
     #[inline(always)]
     unsafe fn widen_f16(at: *const u16) -> Pair {
-        let w = |p: *const u16| _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-        Pair(w(at), w(at.add(8)))
+        Pair(widen_f16_8(at), widen_f16_8(at.add(8)))
     }
     #[inline(always)]
     unsafe fn q4_pair<const OFFSET: bool>(at: *const u8, d: Pair, m: Pair) -> (Pair, Pair) {
-        // Eight bytes (lanes 0–7 or 8–15) into the weights at k and k + 1.
-        let half = |p: *const u8, d: __m256, m: __m256| {
-            let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
-            let mut lo = _mm256_and_si256(v, _mm256_set1_epi32(0x0F));
-            let mut hi = _mm256_srli_epi32(v, 4);
-            if !OFFSET {
-                lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(8));
-                hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(8));
-            }
-            // `q·d` is exact (a 4-bit integer times an f16 scale fits f32's 24 bits),
-            // so one fma rounds `q·d + m` exactly as a multiply and an add would.
-            let (lo, hi) = (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
-            if OFFSET {
-                (_mm256_fmadd_ps(lo, d, m), _mm256_fmadd_ps(hi, d, m))
-            } else {
-                (_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d))
-            }
-        };
-        let (a0, b0) = half(at, d.0, m.0);
-        let (a1, b1) = half(at.add(8), d.1, m.1);
+        let (a0, b0) = q4_pair_8::<OFFSET>(at, d.0, m.0);
+        let (a1, b1) = q4_pair_8::<OFFSET>(at.add(8), d.1, m.1);
         (Pair(a0, a1), Pair(b0, b1))
     }
     #[inline(always)]
     unsafe fn q8(at: *const u8, d: Pair) -> Pair {
-        let w = |p: *const u8, d: __m256| {
-            let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i));
-            _mm256_mul_ps(_mm256_cvtepi32_ps(v), d)
-        };
-        Pair(w(at, d.0), w(at.add(8), d.1))
+        Pair(q8_8(at, d.0), q8_8(at.add(8), d.1))
     }
+}
+
+/// Half a panel: outputs 0–7 (`HI = false`) or 8–15 (`HI = true`) in one register.
+/// Every address names the whole panel's start, as for [`Avx2`]; the half adds its
+/// offset of eight elements. A tile of half panels holds twice the rows of a whole
+/// panel's tile in the same registers, so each converted weight serves twice the rows
+/// without being written to scratch; each lane's operations are the same as in the
+/// whole panel, in the same order.
+pub(super) struct Avx2Half<const HI: bool>;
+
+impl<const HI: bool> Avx2Half<HI> {
+    const AT: usize = if HI { 8 } else { 0 };
+}
+
+impl<const HI: bool> Lanes for Avx2Half<HI> {
+    type V = __m256;
+    // Only the tiles of `tile::half_tiles` use these lanes.
+    const ROW_TILE: usize = 12;
+    const PANEL_GROUP: usize = 1;
+    const WIDE_ROWS: usize = 0;
+    const HALF_ROWS: usize = 0;
+    type Lo = Self;
+    type Hi = Self;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> __m256 {
+        _mm256_loadu_ps(at.add(Self::AT))
+    }
+    #[inline(always)]
+    unsafe fn store(at: *mut f32, v: __m256) {
+        _mm256_storeu_ps(at.add(Self::AT), v)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn mul_add_twice(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_add_ps(_mm256_mul_ps(a, b), c)
+    }
+    #[inline(always)]
+    unsafe fn widen_bf16(at: *const u16) -> __m256 {
+        widen_bf16_8(at.add(Self::AT))
+    }
+    #[inline(always)]
+    unsafe fn widen_f16(at: *const u16) -> __m256 {
+        widen_f16_8(at.add(Self::AT))
+    }
+    #[inline(always)]
+    unsafe fn q4_pair<const OFFSET: bool>(at: *const u8, d: __m256, m: __m256) -> (__m256, __m256) {
+        q4_pair_8::<OFFSET>(at.add(Self::AT), d, m)
+    }
+    #[inline(always)]
+    unsafe fn q8(at: *const u8, d: __m256) -> __m256 {
+        q8_8(at.add(Self::AT), d)
+    }
+}
+
+/// Eight bf16 values widened to f32 (exact: bf16 is f32's upper half).
+#[inline(always)]
+unsafe fn widen_bf16_8(at: *const u16) -> __m256 {
+    let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(at as *const __m128i));
+    _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16))
+}
+
+/// Eight f16 values widened to f32 (exact).
+#[inline(always)]
+unsafe fn widen_f16_8(at: *const u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
+}
+
+/// Eight bytes of Q4 nibble pairs (eight outputs) as the weights at k and k + 1.
+#[inline(always)]
+unsafe fn q4_pair_8<const OFFSET: bool>(at: *const u8, d: __m256, m: __m256) -> (__m256, __m256) {
+    let v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(at as *const __m128i));
+    let mut lo = _mm256_and_si256(v, _mm256_set1_epi32(0x0F));
+    let mut hi = _mm256_srli_epi32(v, 4);
+    if !OFFSET {
+        lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(8));
+        hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(8));
+    }
+    // `q·d` is exact (a 4-bit integer times an f16 scale fits f32's 24 bits), so one
+    // fma rounds `q·d + m` exactly as a multiply and an add would.
+    let (lo, hi) = (_mm256_cvtepi32_ps(lo), _mm256_cvtepi32_ps(hi));
+    if OFFSET {
+        (_mm256_fmadd_ps(lo, d, m), _mm256_fmadd_ps(hi, d, m))
+    } else {
+        (_mm256_mul_ps(lo, d), _mm256_mul_ps(hi, d))
+    }
+}
+
+/// Eight signed bytes as `q·d`.
+#[inline(always)]
+unsafe fn q8_8(at: *const u8, d: __m256) -> __m256 {
+    let v = _mm256_cvtepi8_epi32(_mm_loadl_epi64(at as *const __m128i));
+    _mm256_mul_ps(_mm256_cvtepi32_ps(v), d)
 }
 
 /// [`super::rows::dot_fixed`] of `q` with `row_j[offset..]` into `out[j]`: the

@@ -14,6 +14,9 @@ impl Lanes for Avx512 {
     const PANEL_GROUP: usize = 2;
     // 16 accumulators of the 32 registers, one panel's weights, the row's x.
     const WIDE_ROWS: usize = 16;
+    const HALF_ROWS: usize = 0;
+    type Lo = Self;
+    type Hi = Self;
     #[inline(always)]
     unsafe fn zero() -> __m512 {
         _mm512_setzero_ps()

@@ -16,6 +16,9 @@ impl Lanes for Scalar {
     const PANEL_GROUP: usize = 2;
     // The plain tiles only (there are no registers to fit).
     const WIDE_ROWS: usize = 0;
+    const HALF_ROWS: usize = 0;
+    type Lo = Self;
+    type Hi = Self;
     #[inline(always)]
     unsafe fn zero() -> V {
         [0.0; 16]
