@@ -5,7 +5,8 @@
 //!
 //! `CONTEXT BATCH SHARED`: the sequences share their first SHARED positions' blocks.
 //! `BLOCK=N` sets the positions per block (the engine's default is 16); `SEQUENTIAL=1`
-//! lays each sequence's blocks out in order instead of scattering them.
+//! lays each sequence's blocks out in order instead of scattering them; `REPEATS=N`
+//! times the attention N times (default 5) and keeps the best.
 //!
 //! Prints the machine's sequential read bandwidth first (one and two threads), then ns
 //! per (query head, key position), the unit attention's cost scales with,
@@ -128,6 +129,11 @@ fn main() {
         .unwrap_or(DEFAULT_BLOCK);
     // 1.5 GB of K and V: far past the last-level cache, as a rollout's pool is.
     let pool_blocks = (1 << 16) * DEFAULT_BLOCK / block;
+    // More repeats (the best is kept) give `perf record` enough samples of the kernel.
+    let repeats: usize = std::env::var("REPEATS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
     println!("{block} positions per block");
     read_bandwidth();
     println!("| context | batch | ns / (head, key) | K/V GB/s |");
@@ -149,7 +155,7 @@ fn main() {
                 .map(|i| ((i * 31 % 97) as f32) / 97.0 - 0.5)
                 .collect();
             let mut best = f64::INFINITY;
-            for _ in 0..5 {
+            for _ in 0..repeats {
                 let plan = AttentionPlan::new(&store, 0, &spans, SHAPE);
                 let mut out = vec![0f32; batch * q_dim];
                 let t = Instant::now();

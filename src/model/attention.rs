@@ -308,16 +308,20 @@ impl<'a> AttentionPlan<'a> {
         for v in scores.iter_mut() {
             *v *= scale;
         }
-        let mut inv = vec![0f32; heads];
-        for (h, sc) in scores.chunks_exact_mut(n).enumerate() {
+        for sc in scores.chunks_exact_mut(n) {
             let max = max_of(sc);
             for v in sc.iter_mut() {
                 *v -= max;
             }
             exp_in_place(sc);
-            inv[h] = 1.0 / sc.iter().fold(0f32, |sum, &v| sum + v);
+            let inv = 1.0 / sc.iter().fold(0f32, |sum, &v| sum + v);
+            // Each probability times the normaliser once here, the product the value
+            // sum would otherwise form for every 32 lanes of the head.
+            for v in sc.iter_mut() {
+                *v *= inv;
+            }
         }
-        weighted_sum_heads(v_rows, &scores, &inv, out);
+        weighted_sum_heads(v_rows, heads, &scores, out);
     }
 }
 

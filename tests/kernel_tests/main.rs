@@ -363,6 +363,10 @@ fn grouped_query_heads_read_each_row_once_and_equal_one_head_at_a_time() {
         let rows: Vec<&[f32]> = rows_data.iter().map(|r| &r[..]).collect();
         let probs: Vec<f32> = rng.vec(heads * n).iter().map(|v| v.abs()).collect();
         let scales: Vec<f32> = rng.vec(heads).iter().map(|v| v.abs() + 0.1).collect();
+        // The grouped sum takes each probability already times its head's scale.
+        let weights: Vec<f32> = (0..heads * n)
+            .map(|i| probs[i] * scales[i / n.max(1)])
+            .collect();
         for isa in variants() {
             isa.force().unwrap();
             // One head at a time, on the single-head loops.
@@ -388,7 +392,7 @@ fn grouped_query_heads_read_each_row_once_and_equal_one_head_at_a_time() {
             let mut grouped_scores = vec![0f32; heads * n];
             dot_rows_heads(&qs, heads, Rows::from_slices(&rows), &mut grouped_scores);
             let mut grouped_sums = start;
-            weighted_sum_heads(Rows::from_slices(&rows), &probs, &scales, &mut grouped_sums);
+            weighted_sum_heads(Rows::from_slices(&rows), heads, &weights, &mut grouped_sums);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&grouped_scores),
@@ -436,6 +440,10 @@ fn rows_read_as_runs_of_blocks_equal_the_same_rows_as_slices() {
         let qs = rng.vec(heads * dim);
         let probs: Vec<f32> = rng.vec(heads * n).iter().map(|v| v.abs()).collect();
         let scales: Vec<f32> = rng.vec(heads).iter().map(|v| v.abs() + 0.1).collect();
+        // The grouped sum takes each probability already times its head's scale.
+        let weights: Vec<f32> = (0..heads * n)
+            .map(|i| probs[i] * scales[i / n.max(1)])
+            .collect();
         let start = rng.vec(heads * dim);
         for isa in variants() {
             isa.force().unwrap();
@@ -445,7 +453,7 @@ fn rows_read_as_runs_of_blocks_equal_the_same_rows_as_slices() {
                 let mut one = vec![0f32; n];
                 dot_rows(&qs[..dim], rows, 0, &mut one);
                 let mut sums = start.clone();
-                weighted_sum_heads(rows, &probs, &scales, &mut sums);
+                weighted_sum_heads(rows, heads, &weights, &mut sums);
                 let mut first = start[..dim].to_vec();
                 weighted_sum(rows, 0, &probs[..n], scales[0], &mut first);
                 [scores, one, sums, first]

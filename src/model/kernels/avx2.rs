@@ -245,7 +245,7 @@ pub(super) unsafe fn dot_rows_heads(
 /// accumulators are 12 of the 16 registers.
 pub(super) const MAX_SUM_HEADS: usize = 3;
 
-/// [`super::rows::weighted_sum_heads`] for `scales.len()` (1 to 3) heads, 32 lanes at
+/// [`super::rows::weighted_sum_heads`] for `heads` (1 to 3) heads, 32 lanes at
 /// a time.
 ///
 /// # Safety
@@ -253,15 +253,15 @@ pub(super) const MAX_SUM_HEADS: usize = 3;
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn weighted_sum_heads(
     rows: Rows,
-    probs: &[f32],
-    scales: &[f32],
+    heads: usize,
+    weights: &[f32],
     out: &mut [f32],
 ) {
     use super::rows::weighted_sum_heads as sum;
-    match scales.len() {
-        1 => sum::<Avx2, 1, 2>(rows, probs, scales, out),
-        2 => sum::<Avx2, 2, 2>(rows, probs, scales, out),
-        3 => sum::<Avx2, 3, 2>(rows, probs, scales, out),
+    match heads {
+        1 => sum::<Avx2, 1, 2>(rows, weights, out),
+        2 => sum::<Avx2, 2, 2>(rows, weights, out),
+        3 => sum::<Avx2, 3, 2>(rows, weights, out),
         h => unreachable!("{h} heads at once"),
     }
 }

@@ -140,7 +140,7 @@ pub(super) unsafe fn dot_rows_heads<const H: usize>(
 /// accumulators are 16 of the 32 registers.
 pub(super) const MAX_SUM_HEADS: usize = 4;
 
-/// [`super::rows::weighted_sum_heads`] for `scales.len()` (1 to 4) heads, 64 lanes at
+/// [`super::rows::weighted_sum_heads`] for `heads` (1 to 4) heads, 64 lanes at
 /// a time.
 ///
 /// # Safety
@@ -148,16 +148,16 @@ pub(super) const MAX_SUM_HEADS: usize = 4;
 #[target_feature(enable = "avx512f")]
 pub(super) unsafe fn weighted_sum_heads(
     rows: Rows,
-    probs: &[f32],
-    scales: &[f32],
+    heads: usize,
+    weights: &[f32],
     out: &mut [f32],
 ) {
     use super::rows::weighted_sum_heads as sum;
-    match scales.len() {
-        1 => sum::<Avx512, 1, 4>(rows, probs, scales, out),
-        2 => sum::<Avx512, 2, 4>(rows, probs, scales, out),
-        3 => sum::<Avx512, 3, 4>(rows, probs, scales, out),
-        4 => sum::<Avx512, 4, 4>(rows, probs, scales, out),
+    match heads {
+        1 => sum::<Avx512, 1, 4>(rows, weights, out),
+        2 => sum::<Avx512, 2, 4>(rows, weights, out),
+        3 => sum::<Avx512, 3, 4>(rows, weights, out),
+        4 => sum::<Avx512, 4, 4>(rows, weights, out),
         h => unreachable!("{h} heads at once"),
     }
 }

@@ -428,22 +428,23 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
     }
 }
 
-/// [`weighted_sum`] for `heads` heads over the same value rows: head `h` adds
-/// `Σ_j (probs[h·n + j] · scales[h]) · row_j` into `out[h·width..(h+1)·width]`. On
-/// AVX-512 each value row is read once for up to four heads, on AVX2 for up to three
-/// (32 lanes at a time); every head's result is bit-identical to `weighted_sum`'s.
+/// [`weighted_sum`] for `heads` heads over the same value rows, each weight already
+/// multiplied by its head's scale: head `h` adds `Σ_j weights[h·n + j] · row_j` into
+/// `out[h·width..(h+1)·width]`. Passing `weights[h·n + j] = probs[h·n + j] ·
+/// scales[h]` gives bit-identically what `weighted_sum(rows, 0, probs_h, scales[h],
+/// out_h)` gives (it forms the same product). On AVX-512 each value row is read once
+/// for up to four heads, on AVX2 for up to three (32 lanes at a time).
 ///
 /// # Panics
-/// If `scales` is not `heads` long, `probs` is not `heads × rows.len()`, `out` is not
-/// `heads` equal widths, or a row is shorter than a width.
-pub fn weighted_sum_heads(rows: Rows, probs: &[f32], scales: &[f32], out: &mut [f32]) {
-    let heads = scales.len();
+/// If `heads` is 0, `weights` is not `heads × rows.len()`, `out` is not `heads` equal
+/// widths, or a row is shorter than a width.
+pub fn weighted_sum_heads(rows: Rows, heads: usize, weights: &[f32], out: &mut [f32]) {
     let n = rows.len();
-    assert!(heads > 0 && out.len().is_multiple_of(heads) && probs.len() == heads * n);
+    assert!(heads > 0 && out.len().is_multiple_of(heads) && weights.len() == heads * n);
     let width = out.len() / heads;
     assert!(rows.width() >= width);
     // The grouped loop of the active variant and how many heads it takes at once.
-    type Grouped = unsafe fn(Rows, &[f32], &[f32], &mut [f32]);
+    type Grouped = unsafe fn(Rows, usize, &[f32], &mut [f32]);
     let grouped: Option<(Grouped, usize)> = match Isa::active() {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => Some((avx512::weighted_sum_heads, avx512::MAX_SUM_HEADS)),
@@ -455,23 +456,18 @@ pub fn weighted_sum_heads(rows: Rows, probs: &[f32], scales: &[f32], out: &mut [
         let mut h0 = 0;
         while h0 < heads {
             let h = (heads - h0).min(most);
-            let (p, s) = (&probs[h0 * n..(h0 + h) * n], &scales[h0..h0 + h]);
+            let w = &weights[h0 * n..(h0 + h) * n];
             let o = &mut out[h0 * width..(h0 + h) * width];
             // SAFETY: `Isa::active` only returns variants the CPU runs; at most
             // `most` heads; shapes asserted above.
-            unsafe { run(rows, p, s, o) };
+            unsafe { run(rows, h, w, o) };
             h0 += h;
         }
         return;
     }
     for (h, o) in out.chunks_exact_mut(width.max(1)).enumerate().take(heads) {
-        weighted_sum(
-            rows,
-            0,
-            &probs[h * n..(h + 1) * n],
-            scales[h],
-            &mut o[..width],
-        );
+        // `p · 1` is `p`: the product `weighted_sum` forms is the weight itself.
+        weighted_sum(rows, 0, &weights[h * n..(h + 1) * n], 1.0, &mut o[..width]);
     }
 }
 

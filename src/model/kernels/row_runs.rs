@@ -137,6 +137,29 @@ impl<'r> Rows<'r> {
         unsafe { std::slice::from_raw_parts(self.ptr(j), self.width) }
     }
 
+    /// Runs holding the first `len()` rows; run `r` holds rows
+    /// `r · rows_per_run() ..`, `stride()` floats apart.
+    pub(super) fn run_count(&self) -> usize {
+        self.len.div_ceil(self.rows_per_run())
+    }
+
+    pub(super) fn rows_per_run(&self) -> usize {
+        1 << self.shift
+    }
+
+    pub(super) fn stride(&self) -> usize {
+        self.stride
+    }
+
+    /// Where run `r`'s first row starts.
+    ///
+    /// # Safety
+    /// `r < run_count()`.
+    #[inline(always)]
+    pub(super) unsafe fn run_ptr(&self, r: usize) -> *const f32 {
+        self.runs.get_unchecked(r).as_ptr()
+    }
+
     /// Where row `j` starts.
     ///
     /// # Safety

@@ -64,39 +64,57 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
 }
 
 /// [`weighted_sum`] for `H` query heads at once, `VS` panels (16 lanes each) of the
-/// width at a time: head `h` adds `Σ_j (probs[h·n + j] · scales[h]) · row_j` into
-/// `out[h·width..(h+1)·width]`. Each value row's piece is loaded once for all heads,
-/// and every lane still receives its own product-then-sum in row order from zero, so
-/// each head's result is bit-identical to `weighted_sum` alone. `H × VS` vectors of
-/// accumulators must fit the registers: 4 × 4 on AVX-512, 3 × 2 on AVX2.
+/// width at a time: head `h` adds `Σ_j weights[h·n + j] · row_j` into
+/// `out[h·width..(h+1)·width]`, where the caller has already multiplied each weight by
+/// its head's scale (`probs[h·n + j] · scales[h]`, the product `weighted_sum` forms
+/// itself). Each value row's piece is loaded once for all heads, and every lane still
+/// receives its own product-then-sum in row order from zero, so each head's result is
+/// bit-identical to `weighted_sum` alone. `H × VS` vectors of accumulators must fit the
+/// registers: 4 × 4 on AVX-512, 3 × 2 on AVX2. Rows are walked run by run (a pointer
+/// step a row, not an index lookup), prefetching the next run's row at the same place.
 ///
 /// # Safety
-/// The CPU runs `L`'s instructions; `out.len() == H * width`, `probs.len() == H *
-/// rows.len()`, `scales.len() == H`, and every row holds `width` values.
+/// The CPU runs `L`'s instructions; `out.len() == H * width`, `weights.len() == H *
+/// rows.len()`, and every row holds `width` values.
 #[inline(always)]
 pub(super) unsafe fn weighted_sum_heads<L: Lanes, const H: usize, const VS: usize>(
     rows: Rows,
-    probs: &[f32],
-    scales: &[f32],
+    weights: &[f32],
     out: &mut [f32],
 ) {
-    assert!(probs.len() == H * rows.len() && scales.len() == H && out.len().is_multiple_of(H));
+    assert!(weights.len() == H * rows.len() && out.len().is_multiple_of(H));
     let (n, width) = (rows.len(), out.len() / H);
     assert!(rows.width() >= width);
+    let (runs, per_run, stride) = (rows.run_count(), rows.rows_per_run(), rows.stride());
     let piece = VS * PANEL;
+    let w = weights.as_ptr();
     let mut d0 = 0;
     while d0 + piece <= width {
         let mut acc = [[L::zero(); VS]; H];
-        for j in 0..n {
-            if j + PREFETCH_ROWS < n {
-                prefetch_span(rows.ptr(j + PREFETCH_ROWS).add(d0), piece);
-            }
-            let at = rows.ptr(j).add(d0);
-            let v: [L::V; VS] = std::array::from_fn(|c| L::load(at.add(c * PANEL)));
-            for (h, acc_h) in acc.iter_mut().enumerate() {
-                let w = L::splat(probs[h * n + j] * scales[h]);
-                for c in 0..VS {
-                    acc_h[c] = L::mul_add_twice(w, v[c], acc_h[c]);
+        for r in 0..runs {
+            let first = r * per_run;
+            let count = per_run.min(n - first);
+            let base = rows.run_ptr(r).add(d0);
+            // The next run's rows (`per_run` ahead), or none past the last run.
+            let (ahead, ahead_rows) = if r + 1 < runs {
+                (
+                    rows.run_ptr(r + 1).add(d0),
+                    per_run.min(n - first - per_run),
+                )
+            } else {
+                (base, 0)
+            };
+            for i in 0..count {
+                if i < ahead_rows {
+                    prefetch_span(ahead.add(i * stride), piece);
+                }
+                let at = base.add(i * stride);
+                let v: [L::V; VS] = std::array::from_fn(|c| L::load(at.add(c * PANEL)));
+                for (h, acc_h) in acc.iter_mut().enumerate() {
+                    let wt = L::splat(*w.add(h * n + first + i));
+                    for c in 0..VS {
+                        acc_h[c] = L::mul_add_twice(wt, v[c], acc_h[c]);
+                    }
                 }
             }
         }
@@ -112,8 +130,8 @@ pub(super) unsafe fn weighted_sum_heads<L: Lanes, const H: usize, const VS: usiz
             weighted_sum::<L>(
                 rows,
                 d0,
-                &probs[h * n..(h + 1) * n],
-                scales[h],
+                &weights[h * n..(h + 1) * n],
+                1.0,
                 &mut out[h * width + d0..(h + 1) * width],
             );
         }
