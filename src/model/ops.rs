@@ -4,6 +4,7 @@
 //! other tokens share the batch.
 
 use super::config::RopeStyle;
+use super::kernels::exp_in_place;
 
 /// In-place RMSNorm of each `width`-wide row of `x`, scaled by `weight`.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f64) {
@@ -83,9 +84,20 @@ impl Rope {
     }
 }
 
-/// `silu(gate) * up`, written into `gate`.
+/// `silu(gate) * up`, written into `gate`: `g / (1 + exp(−g)) · u`, the `exp`s a
+/// chunk at a time through the vector kernel (bit for bit `f32::exp`; one libm call
+/// per element was 1.3% of a rollout).
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+    const CHUNK: usize = 64;
+    let mut e = [0f32; CHUNK];
+    for (g, u) in gate.chunks_mut(CHUNK).zip(up.chunks(CHUNK)) {
+        let e = &mut e[..g.len().min(u.len())];
+        for (e, &g) in e.iter_mut().zip(g.iter()) {
+            *e = -g;
+        }
+        exp_in_place(e);
+        for ((g, &u), &e) in g.iter_mut().zip(u).zip(e.iter()) {
+            *g = *g / (1.0 + e) * u;
+        }
     }
 }

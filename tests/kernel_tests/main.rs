@@ -550,3 +550,40 @@ fn vectorised_exp_equals_f32_exp_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn swiglu_equals_the_scalar_formula_bit_for_bit() {
+    use treegrpo::model::ops::swiglu;
+    // Gates over the range activations take and past the vector `exp`'s edges (|g| ≥
+    // 88 goes to libm one by one), in lengths that leave every chunk remainder.
+    let edges = [
+        0.0,
+        -0.0,
+        87.9,
+        88.0,
+        88.8,
+        -88.8,
+        -104.0,
+        200.0,
+        -200.0,
+        f32::INFINITY,
+    ];
+    for len in [0usize, 1, 15, 63, 64, 65, 130, 1536] {
+        let gate: Vec<f32> = (0..len)
+            .map(|i| match i % 7 {
+                0 => edges[(i / 7) % edges.len()],
+                k => ((i * 37 % 101) as f32 - 50.0) * 0.173 * k as f32,
+            })
+            .collect();
+        let up: Vec<f32> = (0..len).map(|i| 1.0 - (i % 13) as f32 * 0.31).collect();
+        let expected: Vec<u32> = gate
+            .iter()
+            .zip(&up)
+            .map(|(&g, &u)| (g / (1.0 + (-g).exp()) * u).to_bits())
+            .collect();
+        let mut got = gate.clone();
+        swiglu(&mut got, &up);
+        let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, expected, "length {len}");
+    }
+}

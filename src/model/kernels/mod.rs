@@ -250,25 +250,39 @@ impl TileSink for OutputSink<'_> {
                 let col0 = (p0 + j) * PANEL;
                 // SAFETY: each (row, panel) is reported once; the slice dies here.
                 let out = unsafe { self.panel_out(r0 + r, col0) };
-                let a = &a[..out.len()];
-                match (self.epilogue, self.bias) {
-                    (Epilogue::Store, None) => out.copy_from_slice(a),
-                    (Epilogue::Store, Some(b)) => {
-                        for ((o, v), b) in out.iter_mut().zip(a).zip(&b[col0..]) {
-                            *o = v + b;
-                        }
-                    }
-                    (Epilogue::Accumulate, None) => {
-                        for (o, v) in out.iter_mut().zip(a) {
-                            *o += v;
-                        }
-                    }
-                    (Epilogue::Accumulate, Some(b)) => {
-                        for ((o, v), b) in out.iter_mut().zip(a).zip(&b[col0..]) {
-                            *o += v + b;
-                        }
-                    }
+                let n = out.len();
+                let bias = self.bias.map(|b| &b[col0..col0 + n]);
+                // A whole panel (all but a matrix's last, when its width is not a
+                // multiple of 16) as a fixed-size write: a slice of unknown length
+                // went through a `memmove` call per (row, panel), 2.6% of a rollout.
+                if n == PANEL {
+                    write_panel(self.epilogue, &mut out[..PANEL], &a[..PANEL], bias);
+                } else {
+                    write_panel(self.epilogue, out, &a[..n], bias);
                 }
+            }
+        }
+    }
+}
+
+/// One (row, panel)'s results `a` into `out` by `epilogue`, with `bias` added if any.
+#[inline(always)]
+fn write_panel(epilogue: Epilogue, out: &mut [f32], a: &[f32], bias: Option<&[f32]>) {
+    match (epilogue, bias) {
+        (Epilogue::Store, None) => out.copy_from_slice(a),
+        (Epilogue::Store, Some(b)) => {
+            for ((o, v), b) in out.iter_mut().zip(a).zip(b) {
+                *o = v + b;
+            }
+        }
+        (Epilogue::Accumulate, None) => {
+            for (o, v) in out.iter_mut().zip(a) {
+                *o += v;
+            }
+        }
+        (Epilogue::Accumulate, Some(b)) => {
+            for ((o, v), b) in out.iter_mut().zip(a).zip(b) {
+                *o += v + b;
             }
         }
     }
