@@ -7,6 +7,7 @@
 //! temperature 1.
 
 use super::rng::SeqRng;
+use crate::model::kernels::exp_f64_in_place;
 use crate::model::TokenId;
 
 /// How to pick the next token.
@@ -58,8 +59,40 @@ fn log_normaliser(logits: &[f32], temperature: f32) -> (f64, f64) {
     let max = logits
         .iter()
         .fold(f64::NEG_INFINITY, |m, &l| m.max(l as f64 * inv_t));
-    let sum: f64 = logits.iter().map(|&l| (l as f64 * inv_t - max).exp()).sum();
+    let mut sum = 0f64;
+    for_each_exp(logits, inv_t, max, |_, p| {
+        sum += p;
+        true
+    });
     (max + sum.ln(), inv_t)
+}
+
+/// Logits a chunk of [`for_each_exp`] takes at a time.
+const EXP_CHUNK: usize = 256;
+
+/// Calls `visit(i, exp(logits[i] · inv_t − offset))` in id order while it returns
+/// true. The `exp`s go through the vector kernel a chunk at a time (bit for bit
+/// `f64::exp`, so sums and draws are unchanged; one libm call per logit was 2.8% of
+/// a rollout).
+fn for_each_exp(
+    logits: &[f32],
+    inv_t: f64,
+    offset: f64,
+    mut visit: impl FnMut(usize, f64) -> bool,
+) {
+    let mut buf = [0f64; EXP_CHUNK];
+    for (c, chunk) in logits.chunks(EXP_CHUNK).enumerate() {
+        let e = &mut buf[..chunk.len()];
+        for (e, &l) in e.iter_mut().zip(chunk) {
+            *e = l as f64 * inv_t - offset;
+        }
+        exp_f64_in_place(e);
+        for (i, &p) in e.iter().enumerate() {
+            if !visit(c * EXP_CHUNK + i, p) {
+                return;
+            }
+        }
+    }
 }
 
 /// Picks the next token.
@@ -91,15 +124,17 @@ pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledT
                 sample_truncated(logits, top_k, top_p, &logprob, rng)
             } else {
                 // Plain sampling needs no sort: walk the vocabulary in id order.
+                // Each step subtracts `logprob(i).exp()`, the same expression.
                 let mut u = rng.next_f64();
                 let mut chosen = logits.len() - 1;
-                for i in 0..logits.len() {
-                    u -= logprob(i).exp();
+                for_each_exp(logits, inv_t, lse, |i, p| {
+                    u -= p;
                     if u < 0.0 {
                         chosen = i;
-                        break;
+                        return false;
                     }
-                }
+                    true
+                });
                 chosen
             };
             SampledToken {

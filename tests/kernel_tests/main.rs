@@ -552,6 +552,62 @@ fn vectorised_exp_equals_f32_exp_bit_for_bit() {
 }
 
 #[test]
+fn vectorised_f64_exp_equals_f64_exp_bit_for_bit() {
+    use treegrpo::model::kernels::exp_f64_in_place_with;
+    // Random mantissas at every exponent from below the vector path (|x| < 2^-54) to
+    // past it (|x| ≥ 512), both signs (about 3M values), then its edges and specials.
+    let mut xs: Vec<f64> = Vec::new();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for top in 0x3c0u64..0x40c {
+        for _ in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let bits = (top << 52) | (state & ((1 << 52) - 1));
+            xs.extend([f64::from_bits(bits), -f64::from_bits(bits)]);
+        }
+    }
+    for edge in [2f64.powi(-54), 512.0, 709.78, 745.2] {
+        let b = edge.to_bits();
+        for d in b - 4..b + 4 {
+            xs.extend([f64::from_bits(d), -f64::from_bits(d)]);
+        }
+    }
+    xs.extend([
+        0.0,
+        -0.0,
+        f64::MIN_POSITIVE,
+        -f64::MIN_POSITIVE,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::MAX,
+        f64::MIN,
+    ]);
+    for isa in variants() {
+        let mut got = xs.clone();
+        exp_f64_in_place_with(isa, &mut got);
+        for (x, g) in xs.iter().zip(&got) {
+            assert_eq!(
+                g.to_bits(),
+                x.exp().to_bits(),
+                "{isa:?}: exp({x:e}) = {g:e}"
+            );
+        }
+        let mut nan = [f64::NAN; 9];
+        exp_f64_in_place_with(isa, &mut nan);
+        assert!(nan.iter().all(|v| v.is_nan()), "{isa:?}");
+        // Every tail length: the vector body and the scalar remainder agree.
+        for len in 0..20 {
+            let mut part: Vec<f64> = (0..len).map(|i| -(i as f64) * 0.731).collect();
+            let expected: Vec<u64> = part.iter().map(|v| v.exp().to_bits()).collect();
+            exp_f64_in_place_with(isa, &mut part);
+            let got: Vec<u64> = part.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, expected, "{isa:?} length {len}");
+        }
+    }
+}
+
+#[test]
 fn swiglu_equals_the_scalar_formula_bit_for_bit() {
     use treegrpo::model::ops::swiglu;
     // Gates over the range activations take and past the vector `exp`'s edges (|g| ≥

@@ -35,6 +35,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod exp;
+mod exp_f64;
 pub mod int8;
 #[cfg(target_arch = "x86_64")]
 mod int8_vnni;
@@ -50,6 +51,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use rayon::prelude::*;
 
 pub use exp::{exp_in_place, exp_in_place_with};
+pub use exp_f64::{exp_f64_in_place, exp_f64_in_place_with};
 pub use int8::Int8Matrix;
 pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
 pub use row_runs::{RowRuns, Rows};
