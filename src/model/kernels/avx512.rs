@@ -86,6 +86,11 @@ pub(super) unsafe fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f
     dot_rows_heads::<1>(q, rows, offset, out)
 }
 
+/// Most query heads [`dot_rows_heads`] takes at once: four heads' accumulators, four
+/// vectors a head, stay in the 32 registers beside the key rows; larger groups go in
+/// pieces.
+pub(super) const MAX_SCORE_HEADS: usize = 4;
+
 /// [`super::rows::dot_fixed`] of `H` queries (grouped-query attention's heads that
 /// share a KV head) with `row_j[offset..]`, head `h`'s scores into
 /// `out[h * rows.len()..]`, four keys at a time: each key row is loaded once for all

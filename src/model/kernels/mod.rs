@@ -389,10 +389,6 @@ pub fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
     }
 }
 
-/// Most query heads the grouped AVX-512 score loop takes at once (its accumulators,
-/// four vectors a head, must stay in the 32 registers); larger groups go in pieces.
-const MAX_HEADS_AT_ONCE: usize = 4;
-
 /// [`dot_rows`] of `heads` queries (`qs`: `heads × dim`, grouped-query attention's heads
 /// sharing one KV head) with the same rows, head `h`'s scores into
 /// `out[h · rows.len()..]`. On AVX-512 each key row is read once for up to four heads;
@@ -414,7 +410,7 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
     if dim.is_multiple_of(16) && Isa::active() == Isa::Avx512 && Isa::Avx2.available() {
         let mut h0 = 0;
         while h0 < heads {
-            let h = (heads - h0).min(MAX_HEADS_AT_ONCE);
+            let h = (heads - h0).min(avx512::MAX_SCORE_HEADS);
             let (q, o) = (
                 &qs[h0 * dim..(h0 + h) * dim],
                 &mut out[h0 * n..(h0 + h) * n],
