@@ -384,12 +384,7 @@ unsafe fn row_tiles<L: Lanes, S: Source<L>>(
     np: usize,
     sink: &dyn TileSink,
 ) {
-    // Equal tiles (8 rows as 4 + 4, not 6 + 2): a short last tile has too few
-    // accumulators to keep the FMA units busy.
-    let tiles = rows.div_ceil(L::ROW_TILE);
-    let mut r0 = 0;
-    for t in 0..tiles {
-        let nr = rows * (t + 1) / tiles - r0;
+    for (r0, nr) in equal_tiles(rows, L::ROW_TILE) {
         let xr = x.as_ptr().add(r0 * inp);
         let mut out = [[0f32; PANEL]; MAX_TILE];
         macro_rules! run {
@@ -418,8 +413,19 @@ unsafe fn row_tiles<L: Lanes, S: Source<L>>(
             _ => run!(1, 8),
         }
         sink.tile(r0, nr, p0, np, &out[..np * nr]);
-        r0 += nr;
     }
+}
+
+/// `rows` cut into the fewest tiles of at most `most` rows, as equal as they can be
+/// (8 rows of at most 6 as 4 + 4, not 6 + 2: a short last tile has too few
+/// accumulators to keep the FMA units busy): each tile's first row and row count.
+#[inline(always)]
+fn equal_tiles(rows: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let tiles = rows.div_ceil(most);
+    (0..tiles).map(move |t| {
+        let r0 = rows * t / tiles;
+        (r0, rows * (t + 1) / tiles - r0)
+    })
 }
 
 /// All `rows` (`L::ROW_TILE < rows ≤ L::WIDE_ROWS`) against panel `p`, as one tile.
@@ -460,11 +466,8 @@ unsafe fn half_tiles<L: Lanes, S: Source<L::Lo> + Source<L::Hi>>(
     panels: Range<usize>,
     sink: &dyn TileSink,
 ) {
-    let tiles = rows.div_ceil(L::HALF_ROWS);
     for p in panels {
-        let mut r0 = 0;
-        for t in 0..tiles {
-            let nr = rows * (t + 1) / tiles - r0;
+        for (r0, nr) in equal_tiles(rows, L::HALF_ROWS) {
             let xr = x.as_ptr().add(r0 * inp);
             let mut out = [[0f32; PANEL]; MAX_TILE];
             macro_rules! run {
@@ -489,7 +492,6 @@ unsafe fn half_tiles<L: Lanes, S: Source<L::Lo> + Source<L::Hi>>(
                 _ => unreachable!("a half-panel tile holds 1 to 12 rows, not {nr}"),
             }
             sink.tile(r0, nr, p, 1, &out[..nr]);
-            r0 += nr;
         }
     }
 }
