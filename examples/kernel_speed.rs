@@ -22,6 +22,16 @@ fn main() {
     let keep = |i: usize, v: &str| filter.get(i).is_none_or(|f| f == v);
     println!("| kernel | format | rows | µs / call | GFLOP/s | weight GB/s |");
     println!("|---|---|---|---|---|---|");
+    if keep(0, "int8") {
+        let rows_list = match filter.get(2).and_then(|r| r.parse::<usize>().ok()) {
+            Some(r) => vec![r],
+            None => vec![1usize, 8, 16, 32, 64],
+        };
+        int8_rows(&matrices[2], &rows_list, out, inp);
+        if filter.first().is_some_and(|f| f == "int8") {
+            return;
+        }
+    }
     for isa in Isa::ALL
         .into_iter()
         .filter(|i| i.available() && keep(0, i.name()))
@@ -73,6 +83,44 @@ fn main() {
 }
 
 /// ggml Q4_1 blocks of `w` (min/max per 32 weights), the layout GGUF files hold.
+/// The fast precision's 8-bit-activation kernel (VNNI where present) on the same Q4_1
+/// matrix, rows as given by the third argument or the usual list.
+fn int8_rows(q41: &PackedMatrix, rows_list: &[usize], out: usize, inp: usize) {
+    let m = treegrpo::model::kernels::Int8Matrix::from_packed(q41).unwrap();
+    let name = if treegrpo::model::kernels::int8::vnni_available() {
+        "vnni"
+    } else {
+        "int8-scalar"
+    };
+    for &rows in rows_list {
+        let x: Vec<f32> = (0..rows * inp).map(|i| (i % 13) as f32 / 13.0).collect();
+        let iters = 4000 / rows + 50;
+        let run = || {
+            let mut y = vec![0f32; rows * out];
+            let sink = treegrpo::model::kernels::OutputSink::new(
+                &mut y,
+                out,
+                out,
+                treegrpo::model::kernels::Epilogue::Store,
+            );
+            m.gemm_panels(&x, rows, 0..m.panels(), &sink);
+            std::hint::black_box(y);
+        };
+        run();
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            run();
+        }
+        let secs = t0.elapsed().as_secs_f64() / iters as f64;
+        println!(
+            "| {name} | int8 × Q4_1 | {rows} | {:.1} | {:.1} | {:.1} |",
+            secs * 1e6,
+            2.0 * (out * inp * rows) as f64 / secs / 1e9,
+            m.stored_bytes() as f64 / secs / 1e9,
+        );
+    }
+}
+
 fn ggml_q4_1(w: &[f32], out: usize, inp: usize) -> Vec<u8> {
     let mut bytes = Vec::new();
     for row in w.chunks_exact(inp).take(out) {
