@@ -4,7 +4,7 @@
 //! `avx2 Q4_1 64`, for `perf stat` of one case).
 use std::time::Instant;
 
-use treegrpo::model::kernels::{Isa, PackedMatrix, WeightFormat};
+use treegrpo::model::kernels::{Epilogue, Isa, OutputSink, PackedMatrix, WeightFormat};
 
 fn main() {
     let (out, inp) = (1536, 576);
@@ -46,29 +46,14 @@ fn main() {
                 None => vec![1usize, 8, 32, 64],
             };
             for rows in rows_list {
-                let x: Vec<f32> = (0..rows * inp).map(|i| (i % 13) as f32 / 13.0).collect();
                 let iters = if isa == Isa::Scalar {
                     3
                 } else {
                     4000 / rows + 50
                 };
-                let run = || {
-                    let mut y = vec![0f32; rows * out];
-                    let sink = treegrpo::model::kernels::OutputSink::new(
-                        &mut y,
-                        out,
-                        out,
-                        treegrpo::model::kernels::Epilogue::Store,
-                    );
-                    m.gemm_panels_with(isa, &x, rows, 0..m.panels(), &sink);
-                    std::hint::black_box(y);
-                };
-                run();
-                let t0 = Instant::now();
-                for _ in 0..iters {
-                    run();
-                }
-                let secs = t0.elapsed().as_secs_f64() / iters as f64;
+                let secs = seconds_per_call(rows, out, inp, iters, |x, sink| {
+                    m.gemm_panels_with(isa, x, rows, 0..m.panels(), sink)
+                });
                 println!(
                     "| {} | {:?} | {rows} | {:.1} | {:.1} | {:.1} |",
                     isa.name(),
@@ -82,7 +67,6 @@ fn main() {
     }
 }
 
-/// ggml Q4_1 blocks of `w` (min/max per 32 weights), the layout GGUF files hold.
 /// The fast precision's 8-bit-activation kernel (VNNI where present) on the same Q4_1
 /// matrix, rows as given by the third argument or the usual list.
 fn int8_rows(q41: &PackedMatrix, rows_list: &[usize], out: usize, inp: usize) {
@@ -93,25 +77,9 @@ fn int8_rows(q41: &PackedMatrix, rows_list: &[usize], out: usize, inp: usize) {
         "int8-scalar"
     };
     for &rows in rows_list {
-        let x: Vec<f32> = (0..rows * inp).map(|i| (i % 13) as f32 / 13.0).collect();
-        let iters = 4000 / rows + 50;
-        let run = || {
-            let mut y = vec![0f32; rows * out];
-            let sink = treegrpo::model::kernels::OutputSink::new(
-                &mut y,
-                out,
-                out,
-                treegrpo::model::kernels::Epilogue::Store,
-            );
-            m.gemm_panels(&x, rows, 0..m.panels(), &sink);
-            std::hint::black_box(y);
-        };
-        run();
-        let t0 = Instant::now();
-        for _ in 0..iters {
-            run();
-        }
-        let secs = t0.elapsed().as_secs_f64() / iters as f64;
+        let secs = seconds_per_call(rows, out, inp, 4000 / rows + 50, |x, sink| {
+            m.gemm_panels(x, rows, 0..m.panels(), sink)
+        });
         println!(
             "| {name} | int8 × Q4_1 | {rows} | {:.1} | {:.1} | {:.1} |",
             secs * 1e6,
@@ -121,6 +89,31 @@ fn int8_rows(q41: &PackedMatrix, rows_list: &[usize], out: usize, inp: usize) {
     }
 }
 
+/// Mean seconds of one `gemm` call on `rows` rows of a fixed input, over `iters` calls
+/// after one warm-up, each into a fresh output as the engine's calls are.
+fn seconds_per_call(
+    rows: usize,
+    out: usize,
+    inp: usize,
+    iters: usize,
+    gemm: impl Fn(&[f32], &OutputSink),
+) -> f64 {
+    let x: Vec<f32> = (0..rows * inp).map(|i| (i % 13) as f32 / 13.0).collect();
+    let run = || {
+        let mut y = vec![0f32; rows * out];
+        let sink = OutputSink::new(&mut y, out, out, Epilogue::Store);
+        gemm(&x, &sink);
+        std::hint::black_box(y);
+    };
+    run();
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        run();
+    }
+    t0.elapsed().as_secs_f64() / iters as f64
+}
+
+/// ggml Q4_1 blocks of `w` (min/max per 32 weights), the layout GGUF files hold.
 fn ggml_q4_1(w: &[f32], out: usize, inp: usize) -> Vec<u8> {
     let mut bytes = Vec::new();
     for row in w.chunks_exact(inp).take(out) {
