@@ -4,7 +4,7 @@
 //! run a while: `cargo run --release --example attention_speed [-- CONTEXT BATCH]`.
 //!
 //! `CONTEXT BATCH SHARED`: the sequences share their first SHARED positions' blocks.
-//! `BLOCK=N` sets the positions per block (the engine's default is 16); `SEQUENTIAL=1`
+//! `BLOCK=N` sets the positions per block (the engine's default is 64); `SEQUENTIAL=1`
 //! lays each sequence's blocks out in order instead of scattering them; `REPEATS=N`
 //! times the attention N times (default 5) and keeps the best.
 //!
@@ -22,8 +22,6 @@ const SHAPE: AttentionShape = AttentionShape {
     num_kv_heads: 3,
     head_dim: 64,
 };
-/// Positions per block unless `BLOCK` says otherwise: the engine's default.
-const DEFAULT_BLOCK: usize = 16;
 
 /// One layer of a paged store: `tables[slot]` lists the blocks of a sequence, which
 /// are spread through a pool of `pool_blocks` (a fixed pseudo-random permutation).
@@ -126,9 +124,9 @@ fn main() {
         .ok()
         .and_then(|b| b.parse().ok())
         .filter(|&b: &usize| b.is_power_of_two())
-        .unwrap_or(DEFAULT_BLOCK);
-    // 1.5 GB of K and V: far past the last-level cache, as a rollout's pool is.
-    let pool_blocks = (1 << 16) * DEFAULT_BLOCK / block;
+        .unwrap_or(treegrpo::kv::DEFAULT_BLOCK_SIZE);
+    // 2^20 positions, 1.5 GB of K and V: far past the last-level cache, as a rollout's pool is.
+    let pool_blocks = (1 << 20) / block;
     // More repeats (the best is kept) give `perf record` enough samples of the kernel.
     let repeats: usize = std::env::var("REPEATS")
         .ok()

@@ -171,15 +171,26 @@ fn m_sequences_forked_from_one_prompt_prefill_it_once() {
 fn sequences_added_later_reuse_the_cached_prompt_blocks() {
     let m = model();
     let p = prompt(&m, "Explain photosynthesis to a child in two sentences.");
-    let mut c = core(&m, EngineConfig::default());
+    // Blocks smaller than the prompt, so there are whole blocks to reuse.
+    let block = 16;
+    let config = EngineConfig {
+        block_size: block,
+        ..EngineConfig::default()
+    };
+    let mut c = core(&m, config);
     let first = c.add_sequence(&p).unwrap();
     c.run_until_idle().unwrap();
     c.free(first).unwrap();
     let again = c.add_sequence(&p).unwrap();
     c.run_until_idle().unwrap();
     let counters = c.stats().counters;
-    let full_blocks = p.len() / 16 * 16;
+    let full_blocks = p.len() / block * block;
     let cached = full_blocks.min(p.len() - 1);
+    assert!(
+        cached > 0,
+        "the prompt ({} tokens) spans a whole block",
+        p.len()
+    );
     assert_eq!(counters.reused_prefix_cache as usize, cached);
     assert_eq!(counters.prefilled as usize, p.len() + (p.len() - cached));
     c.free(again).unwrap();

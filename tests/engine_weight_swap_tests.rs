@@ -67,7 +67,12 @@ fn fresh_generation(m: &Arc<LoadedModel>, tokens: &[u32]) -> Generation {
 fn a_prefix_cached_before_a_swap_is_recomputed_and_results_name_the_new_version() {
     let f = fixture();
     let p = prompt(&f.old, "Which river flows through Vienna?");
-    let mut core = EngineCore::new(f.old.clone(), EngineConfig::default()).unwrap();
+    // Blocks smaller than the prompt, so some are cached whole.
+    let config = EngineConfig {
+        block_size: 16,
+        ..EngineConfig::default()
+    };
+    let mut core = EngineCore::new(f.old.clone(), config).unwrap();
     assert_eq!(core.weight_version(), 0);
 
     // Cache the prompt's full blocks under the old weights, then free the sequence.

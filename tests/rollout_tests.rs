@@ -274,9 +274,22 @@ fn token_budget_stops_new_branches_and_keeps_the_rest_identical() {
     }
 }
 
-/// KV blocks of the whole budget `bytes` for the default model's block size.
+/// Rows per KV block in the memory-pressure tests: smaller than the default so a pool
+/// can be sized between the shortest and the longest trajectory.
+const BLOCK: usize = 16;
+
+/// The memory-pressure tests' engine: [`BLOCK`]-row blocks, `kv_budget_bytes` of KV.
+fn pressure_engine(kv_budget_bytes: usize) -> EngineConfig {
+    EngineConfig {
+        block_size: BLOCK,
+        kv_budget_bytes,
+        ..EngineConfig::default()
+    }
+}
+
+/// The KV budget that holds `blocks` blocks of [`BLOCK`] rows of the default model.
 fn pool_bytes_for_blocks(model: &LoadedModel, blocks: usize) -> usize {
-    blocks * 16 * model.model.config().kv_bytes_per_token()
+    blocks * BLOCK * model.model.config().kv_bytes_per_token()
 }
 
 /// Sequence length (prompt and every step) of each trajectory, shortest first.
@@ -301,7 +314,7 @@ fn unconstrained() -> &'static (Arc<LoadedModel>, RolloutResult) {
         let (result, _) = run_on(
             &model,
             pressure_config(),
-            EngineConfig::default(),
+            pressure_engine(EngineConfig::default().kv_budget_bytes),
             None,
             options,
             2,
@@ -327,17 +340,18 @@ fn a_pool_an_eighth_of_the_peak_preempts_and_writes_the_same_bytes() {
     let bytes_per_block = pool_bytes_for_blocks(model, 1);
     let peak_blocks = free.summary.peak_kv_bytes as usize / bytes_per_block;
     // One branch alone must fit: its blocks plus one copied on write.
-    let one_branch = sequence_lengths(&free.records).last().unwrap().div_ceil(16) + 2;
+    let one_branch = sequence_lengths(&free.records)
+        .last()
+        .unwrap()
+        .div_ceil(BLOCK)
+        + 2;
     let blocks = (peak_blocks / 8).max(one_branch);
     assert!(
         blocks * 3 <= peak_blocks,
         "{blocks} blocks is not well under the peak of {peak_blocks}"
     );
     eprintln!("peak {peak_blocks} blocks unconstrained; constrained pool {blocks} blocks");
-    let small = EngineConfig {
-        kv_budget_bytes: pool_bytes_for_blocks(model, blocks),
-        ..EngineConfig::default()
-    };
+    let small = pressure_engine(pool_bytes_for_blocks(model, blocks));
     let dir = tempfile::tempdir().unwrap();
     let options = RunOptions::new(AdvantageMode::Tree);
     let (tight, engine_computed) = run_on(
@@ -393,15 +407,12 @@ fn a_branch_longer_than_the_pool_fails_alone_and_the_run_goes_on() {
     let (model, free) = unconstrained();
     let lengths = sequence_lengths(&free.records);
     // A pool that holds the shortest trajectories but not the longest.
-    let blocks = (lengths[0] + 1).div_ceil(16) + 1;
+    let blocks = (lengths[0] + 1).div_ceil(BLOCK) + 1;
     assert!(
-        blocks * 16 < *lengths.last().unwrap(),
+        blocks * BLOCK < *lengths.last().unwrap(),
         "the trajectories are too alike in length: {lengths:?}"
     );
-    let small = EngineConfig {
-        kv_budget_bytes: pool_bytes_for_blocks(model, blocks),
-        ..EngineConfig::default()
-    };
+    let small = pressure_engine(pool_bytes_for_blocks(model, blocks));
     let options = RunOptions::new(AdvantageMode::Tree);
     let (tight, _) = run_on(model, pressure_config(), small, None, options, 2);
     let t = &tight.summary;
@@ -421,7 +432,7 @@ fn a_branch_longer_than_the_pool_fails_alone_and_the_run_goes_on() {
     for len in sequence_lengths(&tight.records) {
         // A trajectory's last sampled token is never fed back, so it needs no KV.
         assert!(
-            len <= blocks * 16 + 1,
+            len <= blocks * BLOCK + 1,
             "a finished trajectory of {len} tokens"
         );
     }

@@ -45,13 +45,19 @@ fn greedy_completion_on_token_ids_equals_the_single_sequence_generate() {
     assert_eq!(got["usage"]["completion_tokens"], want.len());
     assert_eq!(got["usage"]["total_tokens"], PROMPT.len() + want.len());
     // The same prompt again: its full blocks come from the prefix cache (the tiny
-    // prompt is shorter than a block, so a longer one is used).
-    let long: Vec<u32> = (0..40).map(|i| 10 + i).collect();
+    // prompt is shorter than a block, so one of two and a half blocks is used).
+    let block = treegrpo::kv::DEFAULT_BLOCK_SIZE;
+    let long: Vec<u32> = (0..(2 * block + block / 2) as u32)
+        .map(|i| 10 + i)
+        .collect();
     let body = json!({"prompt": long, "max_tokens": 2, "temperature": 0});
     let first = ok(http::post(f.server.addr, "/v1/completions", &body));
     let again = ok(http::post(f.server.addr, "/v1/completions", &body));
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 32);
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"],
+        2 * block
+    );
     assert_eq!(first["choices"][0]["text"], again["choices"][0]["text"]);
 }
 
@@ -460,7 +466,8 @@ fn health_metrics_and_flush() {
     ok(http::post(
         f.server.addr,
         "/v1/completions",
-        &json!({"prompt": (0..40).collect::<Vec<u32>>(), "max_tokens": 2}),
+        &json!({"prompt": (0..(2 * treegrpo::kv::DEFAULT_BLOCK_SIZE + 8) as u32).collect::<Vec<u32>>(),
+                "max_tokens": 2}),
     ));
     let m = f.server.metrics();
     assert_eq!(

@@ -40,7 +40,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             kv_budget_bytes: 1 << 30,
-            block_size: 16,
+            block_size: crate::kv::DEFAULT_BLOCK_SIZE,
             max_batch_tokens: 512,
             max_batch_seqs: 64,
             prefix_cache: true,

@@ -18,7 +18,13 @@ use super::error::KvError;
 use super::ids::BlockId;
 
 /// Rows per block unless configured otherwise.
-pub const DEFAULT_BLOCK_SIZE: usize = 16;
+///
+/// 64, not the 16 vLLM uses on GPUs: decode attention on a CPU waits on memory latency
+/// (each block is a separate run of rows the prefetcher must find), and 64-row runs read
+/// K/V about 1.5x faster than 16-row ones (`attention_speed 1024 16 0`, 14-17 -> 10-11 ns
+/// a (head, key)), the main command about 9% faster, results bit-identical. The cost is
+/// at most 63 unused rows per sequence and prompt sharing in 64-token steps.
+pub const DEFAULT_BLOCK_SIZE: usize = 64;
 
 /// How the KV pool is sized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 mod forks;
 mod sharing;
 
-use treegrpo::kv::{BlockId, KvCache, KvConfig, KvError, SeqId};
+use treegrpo::kv::{BlockId, KvCache, KvConfig, KvError, SeqId, DEFAULT_BLOCK_SIZE};
 use treegrpo::model::{KvStore, ModelError};
 
 const LAYERS: usize = 2;

@@ -299,10 +299,11 @@ fn truncate_rewinds_and_rewrites_without_touching_cached_blocks() {
 
 #[test]
 fn pools_are_sized_from_the_budget() {
-    let c = KvCache::new(KvConfig::with_budget(1 << 20), 30, 192).unwrap();
-    assert_eq!(c.block_size(), 16);
-    assert_eq!(c.bytes_per_block(), 2 * 30 * 16 * 192 * 4);
-    assert_eq!(c.num_blocks(), (1 << 20) / c.bytes_per_block());
+    let budget = 16 << 20;
+    let c = KvCache::new(KvConfig::with_budget(budget), 30, 192).unwrap();
+    assert_eq!(c.block_size(), DEFAULT_BLOCK_SIZE);
+    assert_eq!(c.bytes_per_block(), 2 * 30 * DEFAULT_BLOCK_SIZE * 192 * 4);
+    assert_eq!(c.num_blocks(), budget / c.bytes_per_block());
     assert!(matches!(
         KvCache::new(KvConfig::with_budget(1000), 30, 192),
         Err(KvError::BudgetTooSmall { .. })

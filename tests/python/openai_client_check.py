@@ -77,11 +77,23 @@ def main() -> None:
     assert finish == chat.choices[0].finish_reason
     assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens
 
-    # The second identical chat prompt finds its full blocks in the prefix cache.
-    again = client.chat.completions.create(
-        model=model, messages=messages, temperature=0, max_tokens=4
-    )
+    # The second identical chat prompt finds its full blocks in the prefix cache. The
+    # prompt is longer than a KV block (64 positions), so it has whole blocks to share.
+    long_messages = [
+        {
+            "role": "user",
+            "content": "Read this and say which city it names. The river runs "
+            "through the old town, past the cathedral and the market square, under "
+            "seven stone bridges and along the quays where the boats are moored in "
+            "summer; the town is Lyon, and its two rivers meet south of the centre.",
+        }
+    ]
+    for _ in range(2):
+        again = client.chat.completions.create(
+            model=model, messages=long_messages, temperature=0, max_tokens=2
+        )
     report["cached_tokens"] = again.usage.prompt_tokens_details.cached_tokens
+    report["long_prompt_tokens"] = again.usage.prompt_tokens
 
     # A token id outside the vocabulary is the client's error, and the server goes on.
     try:
