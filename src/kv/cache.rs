@@ -223,6 +223,14 @@ impl KvCache {
         self.pool.refcount(block) == 1 && !self.pool.is_indexed(block)
     }
 
+    /// A block from the pool (refcount 1), its memory's next blocks touched ahead
+    /// of use ([`KvStorage::touch_ahead`]).
+    fn allocate(&mut self) -> Result<BlockId, KvError> {
+        let b = self.pool.allocate().ok_or_else(|| self.out_of_blocks(1))?;
+        self.storage.touch_ahead(b);
+        Ok(b)
+    }
+
     fn out_of_blocks(&self, needed: usize) -> KvError {
         KvError::OutOfBlocks {
             needed,
@@ -234,7 +242,7 @@ impl KvCache {
     /// Replaces block `i` of `seq`'s table (in its own part) by a private copy of its
     /// first `rows` rows.
     fn copy_on_write(&mut self, seq: SeqId, i: usize, rows: usize) -> Result<BlockId, KvError> {
-        let new = self.pool.allocate().ok_or_else(|| self.out_of_blocks(1))?;
+        let new = self.allocate()?;
         let st = self
             .seqs
             .get_mut(&seq)
@@ -428,7 +436,7 @@ impl KvCache {
             self.copy_on_write(seq, i, rows)?;
         }
         for _ in have..want {
-            let b = self.pool.allocate().ok_or_else(|| self.out_of_blocks(1))?;
+            let b = self.allocate()?;
             if let Some(st) = self.seqs.get_mut(&seq) {
                 st.blocks.push(b);
             }

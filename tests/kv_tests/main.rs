@@ -2,11 +2,12 @@
 //! fork without copying, copy-on-write of the partly filled last block, prefix reuse,
 //! pool exhaustion and eviction order, and the memory of a tree. One test binary:
 //! `forks.rs` (forks, copy-on-write, reservations), `sharing.rs` (prefix reuse,
-//! eviction, pins, a tree's memory, truncation, pool sizing); the helpers below serve
-//! both.
+//! eviction, pins, a tree's memory, truncation, pool sizing), `touch.rs` (pages written
+//! ahead of use); the helpers below serve them.
 
 mod forks;
 mod sharing;
+mod touch;
 
 use treegrpo::kv::{BlockId, KvCache, KvConfig, KvError, SeqId, DEFAULT_BLOCK_SIZE};
 use treegrpo::model::{KvStore, ModelError};
