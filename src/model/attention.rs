@@ -314,14 +314,50 @@ impl<'a> AttentionPlan<'a> {
                 *v -= max;
             }
             exp_in_place(sc);
-            let inv = 1.0 / sc.iter().fold(0f32, |sum, &v| sum + v);
-            // Each probability times the normaliser once here, the product the value
-            // sum would otherwise form for every 32 lanes of the head.
-            for v in sc.iter_mut() {
-                *v *= inv;
+        }
+        let mut sums = [0f32; MAX_SUM_CHAINS];
+        for (h0, sc) in (0..heads)
+            .step_by(MAX_SUM_CHAINS)
+            .zip(scores.chunks_mut(MAX_SUM_CHAINS * n))
+        {
+            let k = (heads - h0).min(MAX_SUM_CHAINS);
+            sequential_sums(sc, n, &mut sums[..k]);
+            for (sc, &sum) in sc.chunks_exact_mut(n).zip(&sums[..k]) {
+                let inv = 1.0 / sum;
+                // Each probability times the normaliser once here, the product the
+                // value sum would otherwise form for every 32 lanes of the head.
+                for v in sc.iter_mut() {
+                    *v *= inv;
+                }
             }
         }
         weighted_sum_heads(v_rows, heads, &scores, out);
+    }
+}
+
+/// Most heads whose softmax sums [`sequential_sums`] runs side by side.
+const MAX_SUM_CHAINS: usize = 4;
+
+/// `sums[i]`: row `i` of `rows` (`sums.len()` rows of `n`) summed in order from zero,
+/// the sequential fold every variant reproduces. A sum is a chain of dependent adds
+/// (one every few cycles); the rows' chains go side by side here, so a KV group's
+/// heads take the time of one (the fold was most of `attend_item`'s own time).
+fn sequential_sums(rows: &[f32], n: usize, sums: &mut [f32]) {
+    fn side_by_side<const K: usize>(rows: &[f32], n: usize, sums: &mut [f32]) {
+        let mut acc = [0f32; K];
+        for j in 0..n {
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a += rows[i * n + j];
+            }
+        }
+        sums.copy_from_slice(&acc);
+    }
+    match sums.len() {
+        1 => side_by_side::<1>(rows, n, sums),
+        2 => side_by_side::<2>(rows, n, sums),
+        3 => side_by_side::<3>(rows, n, sums),
+        4 => side_by_side::<4>(rows, n, sums),
+        k => unreachable!("{k} sums at once"),
     }
 }
 

@@ -141,6 +141,16 @@ impl Linear {
         })
     }
 
+    /// Whether the layer is already served at `precision` ([`Self::at_precision`]
+    /// would only copy it).
+    pub fn serves_at(&self, precision: Precision) -> bool {
+        match (&self.weight, precision) {
+            (LinearWeight::Packed(m), Precision::Fast) => !m.format().is_quantized(),
+            (LinearWeight::Int8(_), Precision::Exact) => false,
+            _ => true,
+        }
+    }
+
     /// The layer served at `precision`: for [`Precision::Fast`], a Q4_0 / Q4_1 / Q8_0
     /// layer relaid out for 8-bit activations; any other layer (and every layer for
     /// [`Precision::Exact`]) as it is, exact.

@@ -153,18 +153,28 @@ impl Model {
 
     /// Fast if any linear layer is served with 8-bit activations, else exact.
     pub fn precision(&self) -> super::Precision {
-        let fast = std::iter::once(&self.lm_head)
-            .chain(
-                self.layers
-                    .iter()
-                    .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]),
-            )
+        let fast = self
+            .linears()
             .any(|l| l.precision() == super::Precision::Fast);
         if fast {
             super::Precision::Fast
         } else {
             super::Precision::Exact
         }
+    }
+
+    /// Whether every linear layer is already served at `precision`.
+    pub fn serves_at(&self, precision: super::Precision) -> bool {
+        self.linears().all(|l| l.serves_at(precision))
+    }
+
+    /// Every linear layer: the output layer, then each block's seven.
+    fn linears(&self) -> impl Iterator<Item = &Linear> {
+        std::iter::once(&self.lm_head).chain(
+            self.layers
+                .iter()
+                .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]),
+        )
     }
 
     /// A copy whose linear layers are served at `precision` (see

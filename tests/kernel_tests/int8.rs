@@ -215,6 +215,23 @@ fn fast_default_model_is_batch_invariant_and_its_drift_is_bounded() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
+    // A model already at the asked precision is kept, not copied; back to exact
+    // converts.
+    let exact_weights = exact.model.clone();
+    let exact = exact.with_precision(Precision::Exact).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&exact.model, &exact_weights));
+    let fast_weights = fast.model.clone();
+    let fast = fast.with_precision(Precision::Fast).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&fast.model, &fast_weights));
+    drop((exact_weights, fast_weights));
+    let back = LoadedModel::load(&path)
+        .unwrap()
+        .with_precision(Precision::Fast)
+        .unwrap()
+        .with_precision(Precision::Exact)
+        .unwrap();
+    assert_eq!(back.model.precision(), Precision::Exact);
+    drop((exact, back));
     let engine = Engine::start(std::sync::Arc::new(fast), EngineConfig::default()).unwrap();
     assert_eq!(
         rt.block_on(engine.stats()).unwrap().precision,

@@ -31,14 +31,21 @@ fn touching_ahead_keeps_the_frontier_ahead_and_changes_no_value() {
     .unwrap();
     let (n, ahead) = (c.num_blocks(), c.storage().touch_ahead_blocks());
     assert_eq!((n, ahead), (48, 16));
-    assert_eq!(c.storage().touched_blocks(), 0, "nothing is touched before use");
+    assert_eq!(
+        c.storage().touched_blocks(),
+        0,
+        "nothing is touched before use"
+    );
     let s = c.new_sequence();
     // One block more per step, a row written in each block as it arrives (its last
     // row, so the block's first page is the frontier's and the row is not).
     for used in 1..=40 {
         c.reserve(s, used * ROWS).unwrap();
         let touched = c.storage().touched_blocks();
-        assert!(touched >= used + ahead / 2 || touched == n, "{touched} at {used}");
+        assert!(
+            touched >= used + ahead / 2 || touched == n,
+            "{touched} at {used}"
+        );
         assert!(touched <= n);
         let p = used * ROWS - 1;
         for layer in 0..DEPTH {
@@ -46,7 +53,11 @@ fn touching_ahead_keeps_the_frontier_ahead_and_changes_no_value() {
             c.store(layer, s.slot(), p, &k, &v).unwrap();
         }
     }
-    assert_eq!(c.storage().touched_blocks(), n, "the last frontier is the pool's end");
+    assert_eq!(
+        c.storage().touched_blocks(),
+        n,
+        "the last frontier is the pool's end"
+    );
     for layer in 0..DEPTH {
         let chunks = c.chunks(layer, s.slot(), 40 * ROWS);
         assert_eq!(chunks.len(), 40);
