@@ -164,7 +164,7 @@ fn every_variant_and_the_dequantised_copy_agree_bit_for_bit() {
     for (out, inp) in [(48, 576), (20, 64), (9, 45)] {
         for m in every_format(out, inp, 21) {
             let dense = PackedMatrix::from_f32(out, inp, &m.to_dense()).unwrap();
-            // 9 to 16 rows are one wide tile on AVX-512, 17 two plain ones; on AVX2
+            // 9 to 24 rows are one wide tile on AVX-512, 25 plain ones; on AVX2
             // 7 to 24 rows but 12, 18 and 24 are tiles of half panels (25: whole).
             for rows in [1, 2, 3, 7, 8, 9, 12, 13, 16, 17, 23, 24, 25] {
                 let x = Lcg(rows as u64).vec(rows * inp);

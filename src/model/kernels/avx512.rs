@@ -12,8 +12,9 @@ impl Lanes for Avx512 {
     // 2 panels × 8 rows = 16 accumulators of the 32 registers.
     const ROW_TILE: usize = 8;
     const PANEL_GROUP: usize = 2;
-    // 16 accumulators of the 32 registers, one panel's weights, the row's x.
-    const WIDE_ROWS: usize = 16;
+    // Up to 24 accumulators of the 32 registers, one panel's weights and block
+    // constants; each row's x comes from memory as a broadcast operand.
+    const WIDE_ROWS: usize = 24;
     const HALF_ROWS: usize = 0;
     type Lo = Self;
     type Hi = Self;

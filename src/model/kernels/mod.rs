@@ -57,8 +57,9 @@ pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
 pub use row_runs::{RowRuns, Rows};
 pub use rows::{dot_fixed, max_of};
 
-/// Most accumulator vectors one tile produces (4 panels × 1 row, or 2 × 8).
-pub(crate) const MAX_TILE: usize = 16;
+/// Most accumulator vectors one tile produces (4 panels × 1 row, 2 × 8, or one panel
+/// of up to 24 rows).
+pub(crate) const MAX_TILE: usize = 24;
 
 /// An instruction set a kernel variant is written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

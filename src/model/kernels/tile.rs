@@ -449,7 +449,15 @@ unsafe fn wide_tile<L: Lanes, S: Source<L>>(
         14 => tile::<L, S, 1, 14>(src, inp, xr, p, &mut out),
         15 => tile::<L, S, 1, 15>(src, inp, xr, p, &mut out),
         16 => tile::<L, S, 1, 16>(src, inp, xr, p, &mut out),
-        _ => unreachable!("a wide tile holds 9 to 16 rows, not {rows}"),
+        17 => tile::<L, S, 1, 17>(src, inp, xr, p, &mut out),
+        18 => tile::<L, S, 1, 18>(src, inp, xr, p, &mut out),
+        19 => tile::<L, S, 1, 19>(src, inp, xr, p, &mut out),
+        20 => tile::<L, S, 1, 20>(src, inp, xr, p, &mut out),
+        21 => tile::<L, S, 1, 21>(src, inp, xr, p, &mut out),
+        22 => tile::<L, S, 1, 22>(src, inp, xr, p, &mut out),
+        23 => tile::<L, S, 1, 23>(src, inp, xr, p, &mut out),
+        24 => tile::<L, S, 1, 24>(src, inp, xr, p, &mut out),
+        _ => unreachable!("a wide tile holds 9 to 24 rows, not {rows}"),
     }
     sink.tile(0, rows, p, 1, &out[..rows]);
 }
