@@ -13,6 +13,7 @@
 //! construction.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::error::KvError;
 use super::ids::BlockId;
@@ -235,8 +236,10 @@ impl KvStorage {
     /// page, 7–20 ms a 64-row block of the default model, and the main rollout
     /// command spent 5% of its CPU time there, all of it on the engine thread while
     /// the forward's other thread waited. Touched here, the same pages fault on every
-    /// member at once, in runs of blocks, outside the forward's critical path. Only
-    /// never-used blocks are touched, and only with the zero they already hold.
+    /// member at once, in runs of blocks, outside the forward's critical path. Each
+    /// page is touched by an atomic `or` with zero: a write access (so it faults the
+    /// page in as written) that leaves whatever the page holds, so the call is safe
+    /// whichever blocks the caller has written.
     pub fn touch_ahead(&mut self, block: BlockId) {
         let ahead = self.touch_ahead_blocks();
         if block.index() + ahead / 2 < self.touched || self.touched >= self.num_blocks {
@@ -257,10 +260,13 @@ impl KvStorage {
         team::global().run(|m| {
             for page in m.share(bufs.len() * pages_per_buf) {
                 let (buf, at) = (page / pages_per_buf, page % pages_per_buf * PAGE_FLOATS);
-                // SAFETY: members take disjoint pages; nobody else reads or writes
-                // these never-used blocks during the run. Writing 0.0 where the
-                // zeroed allocation already holds 0.0 changes no value.
-                unsafe { bufs[buf].get_mut(at..at + 1)[0] = 0.0 };
+                // SAFETY: members take disjoint pages, and `&mut self` keeps every
+                // other reader and writer away during the run. An f32 is 4-aligned
+                // as an `AtomicU32` asks; `fetch_or(0)` changes no bit.
+                unsafe {
+                    let word = bufs[buf].get_mut(at..at + 1).as_mut_ptr() as *mut u32;
+                    AtomicU32::from_ptr(word).fetch_or(0, Ordering::Relaxed);
+                }
             }
         });
         self.touched = to;

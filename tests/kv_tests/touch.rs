@@ -37,8 +37,8 @@ fn touching_ahead_keeps_the_frontier_ahead_and_changes_no_value() {
         "nothing is touched before use"
     );
     let s = c.new_sequence();
-    // One block more per step, a row written in each block as it arrives (its last
-    // row, so the block's first page is the frontier's and the row is not).
+    // One block more per step, each block's last row written as it arrives, so
+    // later touches run over pools that hold data below the frontier.
     for used in 1..=40 {
         c.reserve(s, used * ROWS).unwrap();
         let touched = c.storage().touched_blocks();
