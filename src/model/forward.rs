@@ -232,9 +232,22 @@ impl Model {
                             .forward_share(m, h_all, rows, &gs, Epilogue::Store),
                     );
                     failure.note(layer.up.forward_share(m, h_all, rows, &us, Epilogue::Store));
-                    m.barrier();
-                    let elems = m.share(rows * ff);
-                    unsafe { swiglu(gs.get_mut(elems.clone()), us.get(elems)) };
+                    match (layer.gate.member_columns(m), layer.up.member_columns(m)) {
+                        // This member wrote these columns of both, every row: SwiGLU
+                        // them without waiting for the others. (Gate and up are as
+                        // wide, so every member takes this arm or none does.)
+                        (Some(cols), Some(up_cols)) if cols == up_cols => {
+                            for r in 0..rows {
+                                let span = r * ff + cols.start..r * ff + cols.end;
+                                unsafe { swiglu(gs.get_mut(span.clone()), us.get(span)) };
+                            }
+                        }
+                        _ => {
+                            m.barrier();
+                            let elems = m.share(rows * ff);
+                            unsafe { swiglu(gs.get_mut(elems.clone()), us.get(elems)) };
+                        }
+                    }
                     m.barrier();
                     let g_all = unsafe { gs.all() };
                     failure.note(layer.down.forward_share(

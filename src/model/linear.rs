@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Tensor};
 use half::{bf16, f16};
 
 use super::error::ModelError;
-use super::kernels::{Epilogue, Int8Matrix, PackedMatrix, WeightFormat};
+use super::kernels::{Epilogue, Int8Matrix, PackedMatrix, WeightFormat, PANEL};
 use super::precision::Precision;
 use super::team::{Member, SharedBuf};
 
@@ -76,6 +76,20 @@ impl Linear {
 
     pub fn out_features(&self) -> usize {
         self.out_features
+    }
+
+    /// The output columns `member` writes in [`Self::forward_share`] (every row of
+    /// them): its share of the panels on our kernels; `None` on candle's kernel, where
+    /// member 0 writes every column. Two layers of the same width split alike.
+    pub fn member_columns(&self, member: &Member) -> Option<Range<usize>> {
+        let panels = match &self.weight {
+            LinearWeight::Packed(w) => w.panels(),
+            LinearWeight::Int8(w) => w.panels(),
+            LinearWeight::Candle(_) => return None,
+        };
+        let share = member.share(panels);
+        let end = |p: usize| (p * PANEL).min(self.out_features);
+        Some(end(share.start)..end(share.end))
     }
 
     /// The bias, if the layer has one.
