@@ -1,13 +1,20 @@
 //! Micro-benchmark of our matmul kernels: every variant this CPU runs × weight format ×
 //! batch rows, on one thread, at the default model's MLP shape (1536 × 576).
 //! `cargo run --release --example kernel_speed [-- ISA FORMAT ROWS]` (filters, e.g.
-//! `avx2 Q4_1 64`, for `perf stat` of one case).
+//! `avx2 Q4_1 64`, for `perf stat` of one case). `OUT=N` sets the output features
+//! (default 1536): `OUT=98304` makes a 56 MB Q4_1 matrix, past L3, so the weights
+//! stream from memory as a whole model's do in a decode step.
 use std::time::Instant;
 
 use treegrpo::model::kernels::{Epilogue, Isa, OutputSink, PackedMatrix, WeightFormat};
 
 fn main() {
-    let (out, inp) = (1536, 576);
+    let out = std::env::var("OUT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&o| o > 0)
+        .unwrap_or(1536);
+    let inp = 576;
     let w: Vec<f32> = (0..out * inp)
         .map(|i| ((i * 7919 % 1000) as f32) / 500.0 - 1.0)
         .collect();
@@ -49,7 +56,8 @@ fn main() {
                 let iters = if isa == Isa::Scalar {
                     3
                 } else {
-                    4000 / rows + 50
+                    // About the same work whatever the matrix's size.
+                    (4000 / rows + 50) * 1536 / out + 3
                 };
                 let secs = seconds_per_call(rows, out, inp, iters, |x, sink| {
                     m.gemm_panels_with(isa, x, rows, 0..m.panels(), sink)

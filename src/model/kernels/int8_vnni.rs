@@ -9,6 +9,8 @@ use std::ops::Range;
 
 use super::int8::{Int8Matrix, QuantizedRows};
 use super::packed::{BLOCK, PANEL};
+use super::rows::prefetch_bytes;
+use super::tile::PREFETCH_BLOCKS;
 use super::TileSink;
 
 /// [`QuantizedRows`]'s quantisation of `rows` rows of `x`, 32 values at a time in two
@@ -92,6 +94,40 @@ unsafe fn codes(m: &Int8Matrix, p: usize, b: usize) -> [__m512i; 8] {
     w
 }
 
+/// Asks for panel `p`, block `b`'s codes, scales and offsets (a hint, safe past the
+/// matrix): at one row the codes are consumed faster than the hardware prefetchers
+/// bring them from memory, as in the exact kernels (`tile::PREFETCH_BLOCKS`).
+#[inline(always)]
+fn prefetch_block(m: &Int8Matrix, p: usize, b: usize) {
+    let slot = p * m.blocks + b;
+    prefetch_bytes(
+        m.codes.as_ptr().wrapping_add(slot * m.block_bytes),
+        m.block_bytes,
+    );
+    // 16 f16 scales (and offsets) a slot.
+    prefetch_bytes(
+        m.scales.as_ptr().wrapping_add(slot * PANEL) as *const u8,
+        32,
+    );
+    if !m.offsets.is_empty() {
+        prefetch_bytes(
+            m.offsets.as_ptr().wrapping_add(slot * PANEL) as *const u8,
+            32,
+        );
+    }
+}
+
+/// The block `PREFETCH_BLOCKS` after panel `p`'s block `b` in the order a member
+/// walks them: later in the same panel, else in the panel `next` panels on.
+#[inline(always)]
+fn prefetch_ahead(m: &Int8Matrix, p: usize, b: usize, next: usize) {
+    if b + PREFETCH_BLOCKS < m.blocks {
+        prefetch_block(m, p, b + PREFETCH_BLOCKS);
+    } else {
+        prefetch_block(m, p + next, b + PREFETCH_BLOCKS - m.blocks);
+    }
+}
+
 /// `(d, m)` of panel `p`, block `b`, as `int8::Int8Matrix::scale_offset` computes them.
 #[inline(always)]
 unsafe fn scale_offset(m: &Int8Matrix, p: usize, b: usize) -> (__m512, __m512) {
@@ -157,6 +193,7 @@ unsafe fn single_row(m: &Int8Matrix, q: &QuantizedRows, panels: Range<usize>, si
             let x = activations(q, 0, b);
             let (dx, sx) = (q.dx[b], q.sx[b]);
             for (j, a) in acc.iter_mut().enumerate().take(np) {
+                prefetch_ahead(m, p0 + j, b, np);
                 let isum = block_dot(&codes(m, p0 + j, b), &x);
                 let (d, off) = scale_offset(m, p0 + j, b);
                 *a = accumulate(*a, isum, d, off, dx, sx);
@@ -185,6 +222,10 @@ unsafe fn row_tiles(
             let nr = ROW_TILE.min(rows - r0);
             let mut acc = [_mm512_setzero_ps(); ROW_TILE];
             for b in 0..m.blocks {
+                if r0 == 0 {
+                    // Later row tiles find the panel in cache.
+                    prefetch_ahead(m, p, b, 1);
+                }
                 let w = codes(m, p, b);
                 let (d, off) = scale_offset(m, p, b);
                 for (i, a) in acc.iter_mut().enumerate().take(nr) {

@@ -185,6 +185,24 @@ pub(super) fn prefetch_span(at: *const f32, len: usize) {
     let _ = (at, len);
 }
 
+/// Prefetches the cache lines of `len` bytes at `at` into L2 (a hint: it reads
+/// nothing and never faults, whatever the address).
+#[inline(always)]
+pub(super) fn prefetch_bytes(at: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        let mut i = 0;
+        while i < len {
+            // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
+            unsafe { _mm_prefetch(at.wrapping_add(i) as *const i8, _MM_HINT_T1) };
+            i += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, len);
+}
+
 #[inline(always)]
 unsafe fn add_into<L: Lanes>(at: *mut f32, v: L::V) {
     let mut lanes = [0f32; PANEL];

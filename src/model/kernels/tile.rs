@@ -9,6 +9,7 @@
 use std::ops::Range;
 
 use super::packed::{PackedMatrix, WeightFormat, BLOCK, PANEL};
+use super::rows::prefetch_bytes;
 use super::{TileSink, MAX_TILE};
 
 /// Sixteen f32 lanes (one panel) on one instruction set. Every method is `unsafe`
@@ -111,7 +112,7 @@ trait Source<L: Lanes> {
 /// rows the kernel converts weights faster than one core's hardware prefetchers
 /// stream them from memory (Q4_1 at 1 row: 41 GFLOP/s from cache against 26 from
 /// DRAM, `kernel_speed` on a matrix past L3).
-const PREFETCH_BLOCKS: usize = 4;
+pub(super) const PREFETCH_BLOCKS: usize = 4;
 
 /// f32 panels at `base`, `inp` vectors each (the matrix itself or a widened copy).
 struct F32Src {
@@ -596,22 +597,4 @@ unsafe fn tile<L: Lanes, S: Source<L>, const NP: usize, const NR: usize>(
             L::store(out[r * NP + j].as_mut_ptr(), *a);
         }
     }
-}
-
-/// Prefetches the cache lines of `len` bytes at `at` into L2 (a hint: it reads
-/// nothing and never faults, whatever the address).
-#[inline(always)]
-fn prefetch_bytes(at: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        let mut i = 0;
-        while i < len {
-            // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
-            unsafe { _mm_prefetch(at.wrapping_add(i) as *const i8, _MM_HINT_T1) };
-            i += 64;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, len);
 }
