@@ -10,7 +10,7 @@ use std::ops::Range;
 use super::int8::{Int8Matrix, QuantizedRows};
 use super::packed::{BLOCK, PANEL};
 use super::rows::prefetch_bytes;
-use super::tile::PREFETCH_BLOCKS;
+use super::tile::block_ahead;
 use super::TileSink;
 
 /// [`QuantizedRows`]'s quantisation of `rows` rows of `x`, 32 values at a time in two
@@ -117,15 +117,11 @@ fn prefetch_block(m: &Int8Matrix, p: usize, b: usize) {
     }
 }
 
-/// The block `PREFETCH_BLOCKS` after panel `p`'s block `b` in the order a member
-/// walks them: later in the same panel, else in the panel `next` panels on.
+/// Asks for the block [`block_ahead`] of panel `p`'s block `b`.
 #[inline(always)]
 fn prefetch_ahead(m: &Int8Matrix, p: usize, b: usize, next: usize) {
-    if b + PREFETCH_BLOCKS < m.blocks {
-        prefetch_block(m, p, b + PREFETCH_BLOCKS);
-    } else {
-        prefetch_block(m, p + next, b + PREFETCH_BLOCKS - m.blocks);
-    }
+    let (pa, ba) = block_ahead(p, b, m.blocks, next);
+    prefetch_block(m, pa, ba);
 }
 
 /// `(d, m)` of panel `p`, block `b`, as `int8::Int8Matrix::scale_offset` computes them.

@@ -170,19 +170,7 @@ pub(super) const PREFETCH_ROWS: usize = 32;
 /// L1's few outstanding misses; from L2 the row's loads a few hundred cycles later hit.
 #[inline(always)]
 pub(super) fn prefetch_span(at: *const f32, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-        // 16 floats a cache line.
-        let mut i = 0;
-        while i < len {
-            // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
-            unsafe { _mm_prefetch(at.wrapping_add(i) as *const i8, _MM_HINT_T1) };
-            i += 16;
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, len);
+    prefetch_bytes(at as *const u8, len * std::mem::size_of::<f32>());
 }
 
 /// Prefetches the cache lines of `len` bytes at `at` into L2 (a hint: it reads

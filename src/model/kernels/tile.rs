@@ -114,6 +114,18 @@ trait Source<L: Lanes> {
 /// DRAM, `kernel_speed` on a matrix past L3).
 pub(super) const PREFETCH_BLOCKS: usize = 4;
 
+/// The (panel, block) [`PREFETCH_BLOCKS`] after panel `p`'s block `b` in the order a
+/// loop walks them: later in the same panel, or past its end (`blocks` a panel) in
+/// the panel `next` panels on, which the loop takes up after this one.
+#[inline(always)]
+pub(super) fn block_ahead(p: usize, b: usize, blocks: usize, next: usize) -> (usize, usize) {
+    if b + PREFETCH_BLOCKS < blocks {
+        (p, b + PREFETCH_BLOCKS)
+    } else {
+        (p + next, b + PREFETCH_BLOCKS - blocks)
+    }
+}
+
 /// f32 panels at `base`, `inp` vectors each (the matrix itself or a widened copy).
 struct F32Src {
     base: *const f32,
@@ -391,12 +403,9 @@ unsafe fn widen_panels<L: Lanes, S: Source<L>>(
     let blocks = inp / BLOCK;
     for j in 0..np {
         for b in 0..blocks {
-            // Panels are converted one after another: past this one's end, the next.
-            if b + PREFETCH_BLOCKS < blocks {
-                src.prefetch(p0 + j, b + PREFETCH_BLOCKS);
-            } else {
-                src.prefetch(p0 + j + 1, b + PREFETCH_BLOCKS - blocks);
-            }
+            // Panels are converted one after another.
+            let (pa, ba) = block_ahead(p0 + j, b, blocks, 1);
+            src.prefetch(pa, ba);
             let c = src.consts(p0 + j, b);
             for t in 0..16 {
                 let (wa, wb) = src.pair(&c, p0 + j, b, t);
@@ -558,13 +567,9 @@ unsafe fn tile<L: Lanes, S: Source<L>, const NP: usize, const NR: usize>(
     let blocks = inp / BLOCK;
     for b in 0..blocks {
         for j in 0..NP {
-            // Past this panel's end, the panel this member takes next (the group
-            // after this one) at the same distance.
-            if b + PREFETCH_BLOCKS < blocks {
-                src.prefetch(p0 + j, b + PREFETCH_BLOCKS);
-            } else {
-                src.prefetch(p0 + j + NP, b + PREFETCH_BLOCKS - blocks);
-            }
+            // Past this panel's end: its place in the group the member takes next.
+            let (pa, ba) = block_ahead(p0 + j, b, blocks, NP);
+            src.prefetch(pa, ba);
         }
         let consts: [S::Consts; NP] = std::array::from_fn(|j| src.consts(p0 + j, b));
         for t in 0..16 {
