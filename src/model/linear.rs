@@ -82,14 +82,20 @@ impl Linear {
     /// them): its share of the panels on our kernels; `None` on candle's kernel, where
     /// member 0 writes every column. Two layers of the same width split alike.
     pub fn member_columns(&self, member: &Member) -> Option<Range<usize>> {
-        let panels = match &self.weight {
-            LinearWeight::Packed(w) => w.panels(),
-            LinearWeight::Int8(w) => w.panels(),
-            LinearWeight::Candle(_) => return None,
-        };
-        let share = member.share(panels);
+        let share = self.member_panels(member)?;
         let end = |p: usize| (p * PANEL).min(self.out_features);
         Some(end(share.start)..end(share.end))
+    }
+
+    /// The weight panels `member` computes on our kernels (the one place the split is
+    /// decided: [`Self::forward_share`] runs it, [`Self::member_columns`] reports it);
+    /// `None` on candle's kernel.
+    fn member_panels(&self, member: &Member) -> Option<Range<usize>> {
+        match &self.weight {
+            LinearWeight::Packed(w) => Some(member.share(w.panels())),
+            LinearWeight::Int8(w) => Some(member.share(w.panels())),
+            LinearWeight::Candle(_) => None,
+        }
     }
 
     /// The bias, if the layer has one.
@@ -222,16 +228,16 @@ impl Linear {
         epilogue: Epilogue,
     ) -> Result<(), ModelError> {
         let width = self.out_features;
+        // `Some` for both of our kernels' arms below.
+        let panels = self.member_panels(member).unwrap_or_default();
         match &self.weight {
             LinearWeight::Packed(w) => {
-                let panels: Range<usize> = member.share(w.panels());
                 // SAFETY: members' panel shares are disjoint, so are their columns.
                 let sink =
                     unsafe { out.sink(width, width, epilogue) }.with_bias(self.bias.as_deref());
                 w.gemm_panels(x, rows, panels, &sink);
             }
             LinearWeight::Int8(w) => {
-                let panels: Range<usize> = member.share(w.panels());
                 // SAFETY: as above.
                 let sink =
                     unsafe { out.sink(width, width, epilogue) }.with_bias(self.bias.as_deref());
