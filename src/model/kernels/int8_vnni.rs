@@ -10,7 +10,7 @@ use std::ops::Range;
 use super::int8::{Int8Matrix, QuantizedRows};
 use super::packed::{BLOCK, PANEL};
 use super::rows::prefetch_bytes;
-use super::tile::block_ahead;
+use super::source::block_ahead;
 use super::TileSink;
 
 /// [`QuantizedRows`]'s quantisation of `rows` rows of `x`, 32 values at a time in two
@@ -96,7 +96,7 @@ unsafe fn codes(m: &Int8Matrix, p: usize, b: usize) -> [__m512i; 8] {
 
 /// Asks for panel `p`, block `b`'s codes, scales and offsets (a hint, safe past the
 /// matrix): at one row the codes are consumed faster than the hardware prefetchers
-/// bring them from memory, as in the exact kernels (`tile::PREFETCH_BLOCKS`).
+/// bring them from memory, as in the exact kernels (`source::PREFETCH_BLOCKS`).
 #[inline(always)]
 fn prefetch_block(m: &Int8Matrix, p: usize, b: usize) {
     let slot = p * m.blocks + b;

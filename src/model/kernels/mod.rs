@@ -43,6 +43,7 @@ pub mod packed;
 pub mod row_runs;
 pub mod rows;
 mod scalar;
+mod source;
 mod tile;
 
 use std::ops::Range;
