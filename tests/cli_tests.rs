@@ -114,10 +114,15 @@ fn an_interrupted_rollout_keeps_every_finished_tree() {
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    common::interrupt(&child);
+    let before = common::signal_masks(child.id());
+    let after = common::interrupt(&child);
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(130), "stderr: {stderr}");
+    assert_eq!(
+        output.status.code(),
+        Some(130),
+        "signal masks before SIGINT: {before}; just after: {after}; stderr: {stderr}"
+    );
     assert!(stderr.contains("interrupted"), "stderr: {stderr}");
 
     let summary: serde_json::Value =

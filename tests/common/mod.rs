@@ -56,10 +56,27 @@ fn log_sum_exp(row: &[f32]) -> f64 {
 }
 
 /// Sends SIGINT to a child process (as Ctrl-C would).
-pub fn interrupt(child: &std::process::Child) {
+///
+/// Returns the child's signal masks read just after sending, for a failure message
+/// that says where the signal went if the child did not act on it.
+pub fn interrupt(child: &std::process::Child) -> String {
     let killed = std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
+    signal_masks(child.id())
+}
+
+/// The signal lines of `/proc/PID/status` (pending, blocked, ignored and caught
+/// masks; bit 1 is SIGINT), or why they could not be read.
+pub fn signal_masks(pid: u32) -> String {
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Ok(status) => status
+            .lines()
+            .filter(|l| l.starts_with("Sig") || l.starts_with("ShdPnd"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(e) => format!("/proc/{pid}/status: {e}"),
+    }
 }
