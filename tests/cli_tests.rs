@@ -273,3 +273,67 @@ fn unknown_precision_is_a_usage_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("exact or fast"), "stderr: {stderr}");
 }
+
+/// `TREEGRPO_STEP_LOG=FILE`: one JSON line per engine step whose rows add up to the
+/// run's computed tokens; a path that cannot be created is an error, not a panic.
+#[test]
+fn the_step_log_accounts_for_every_computed_token() {
+    let model = common::default_model();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("steps.jsonl");
+    let out = dir.path().join("run");
+    let status = treegrpo()
+        .args([
+            "rollout",
+            "--prompts",
+            "1",
+            "--max-step-tokens",
+            "16",
+            "--model",
+        ])
+        .arg(&model)
+        .arg("--out")
+        .arg(&out)
+        .env("TREEGRPO_STEP_LOG", &log)
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let steps: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a valid JSON line"))
+        .collect();
+    assert!(steps.len() > 1, "{} steps", steps.len());
+    let field = |s: &serde_json::Value, k: &str| s[k].as_u64().unwrap_or_else(|| panic!("{k}"));
+    for (i, s) in steps.iter().enumerate() {
+        assert_eq!(field(s, "step"), i as u64 + 1);
+        let (seqs, rows) = (field(s, "seqs"), field(s, "rows"));
+        assert!(seqs >= 1 && rows >= seqs, "{s}");
+        assert!(field(s, "decode_seqs") <= seqs, "{s}");
+        assert!(field(s, "context") >= rows, "{s}");
+        for k in ["t_ms", "forward_ms", "sample_ms", "gap_ms"] {
+            assert!(s[k].as_f64().is_some_and(|v| v >= 0.0), "{k} in {s}");
+        }
+    }
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let rows: u64 = steps.iter().map(|s| field(s, "rows")).sum();
+    assert_eq!(rows, summary["tokens"]["computed"].as_u64().unwrap());
+
+    let bad = treegrpo()
+        .args(["rollout", "--prompts", "1", "--model"])
+        .arg(&model)
+        .env(
+            "TREEGRPO_STEP_LOG",
+            dir.path().join("no/such/dir/steps.jsonl"),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("step log"), "{stderr}");
+}

@@ -27,6 +27,7 @@ use super::counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
 use super::error::EngineError;
 use super::rng::SeqRng;
 use super::sampling::SampledToken;
+use super::step_log::StepLog;
 use super::stop::{GenParams, StopReason};
 
 /// A finished generation.
@@ -121,6 +122,8 @@ pub struct EngineCore {
     pub(super) tick: u64,
     /// The last step left a sequence waiting for KV room or preempted one.
     pub(super) kv_pressure: bool,
+    /// One line per step when `TREEGRPO_STEP_LOG` is set.
+    pub(super) step_log: StepLog,
 }
 
 impl EngineCore {
@@ -147,6 +150,7 @@ impl EngineCore {
             counters: EngineCounters::default(),
             tick: 0,
             kv_pressure: false,
+            step_log: StepLog::from_env()?,
         })
     }
 

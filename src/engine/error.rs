@@ -62,6 +62,13 @@ pub enum EngineError {
     Stopped,
     #[error("cannot start the engine thread")]
     Spawn(#[source] std::io::Error),
+    /// `TREEGRPO_STEP_LOG` names a file that cannot be created.
+    #[error("cannot create the step log {}", path.display())]
+    StepLog {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl EngineError {
@@ -114,6 +121,10 @@ impl EngineError {
             Failed(m) => Failed(m.clone()),
             Stopped => Stopped,
             Spawn(e) => Failed(format!("cannot start the engine thread: {e}")),
+            StepLog { path, source } => Failed(format!(
+                "cannot create the step log {}: {source}",
+                path.display()
+            )),
         }
     }
 

@@ -13,6 +13,7 @@
 //! - [`stop`]: generation parameters and stop conditions.
 //! - [`weights`]: swapping the served weights; weight versions.
 //! - [`counters`]: every computed row counted once (prefilled, decoded, reused).
+//! - [`step_log`]: an optional JSON line per step (`TREEGRPO_STEP_LOG=FILE`).
 //! - [`rng`]: a small, stable per-sequence RNG (results must not change with crate versions).
 //! - [`sampling`]: temperature / top-k / top-p sampling with the sampled token's logprob.
 //! - [`generate`](mod@generate): single-sequence generation over a dense KV store.
@@ -29,6 +30,7 @@ mod preempt;
 pub mod rng;
 pub mod sampling;
 mod schedule;
+pub mod step_log;
 pub mod stop;
 pub mod weights;
 

@@ -16,6 +16,7 @@ use crate::model::{BatchSeq, ForwardBatch, LogitsWanted, ModelError};
 
 use super::core::EngineCore;
 use super::error::EngineError;
+use super::step_log::StepRecord;
 
 /// The batch one step runs.
 #[derive(Default)]
@@ -57,8 +58,10 @@ impl EngineCore {
             return Ok(0);
         }
         let started = std::time::Instant::now();
-        let rows = self.run(plan);
+        let mut record = StepRecord::of_batch(&plan.batch);
+        let rows = self.run(plan, &mut record);
         self.step_latency.record(started.elapsed().as_secs_f64());
+        self.step_log.record(started, &record);
         rows
     }
 
@@ -176,8 +179,12 @@ impl EngineCore {
     }
 
     /// Runs the planned forward and hands each sequence its rows.
-    fn run(&mut self, plan: Plan) -> Result<usize, EngineError> {
-        let out = match self.weights.forward(&plan.batch, &mut self.kv) {
+    /// Notes the forward's and the draws' times in `record`.
+    fn run(&mut self, plan: Plan, record: &mut StepRecord) -> Result<usize, EngineError> {
+        let started = std::time::Instant::now();
+        let forward = self.weights.forward(&plan.batch, &mut self.kv);
+        record.forward_s = started.elapsed().as_secs_f64();
+        let out = match forward {
             Ok(out) => out,
             Err(e) => {
                 // Undo the reservations so the cache stays consistent, and fail this
@@ -241,7 +248,9 @@ impl EngineCore {
         // The step's draws together, after every sequence's rows are in (a draw reads
         // only its own sequence's logits and state).
         let due: Vec<(SeqId, &[f32])> = due.iter().map(|(seq, l)| (*seq, &l[..])).collect();
+        let sampling = std::time::Instant::now();
         self.sample_all(&due)?;
+        record.sample_s = sampling.elapsed().as_secs_f64();
         self.counters.peak_kv_bytes = self
             .counters
             .peak_kv_bytes
