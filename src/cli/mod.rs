@@ -4,6 +4,7 @@ mod bench;
 mod data;
 mod flags;
 mod generate;
+mod interrupt;
 mod model;
 mod plot;
 mod rollout;

@@ -123,7 +123,10 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     // Ctrl-C: stop, keep every finished tree, write the summary, exit 130.
-    let interrupt = sigint_listener(&rt);
+    let interrupt: Interrupt = {
+        let _runtime = rt.enter();
+        super::interrupt::next_sigint()
+    };
     let summary = rt.block_on(execute(&a, engine, cfg, out, Some(interrupt)))?;
     print_summary(&summary);
     if summary.interrupted {
@@ -162,27 +165,6 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
         std::process::exit(130);
     }
     Ok(())
-}
-
-/// A future that resolves on SIGINT, its handler installed now rather than at its
-/// first poll: a Ctrl-C that lands at any point after this call stops the run.
-fn sigint_listener(rt: &tokio::runtime::Runtime) -> Interrupt {
-    let _context = rt.enter();
-    #[cfg(unix)]
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
-        Ok(mut sigint) => Box::pin(async move {
-            sigint.recv().await;
-        }),
-        // No handler could be installed: the run cannot be interrupted cleanly, and
-        // Ctrl-C keeps its default effect.
-        Err(_) => Box::pin(std::future::pending()),
-    }
-    #[cfg(not(unix))]
-    Box::pin(async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    })
 }
 
 pub fn print_summary(s: &RunSummary) {

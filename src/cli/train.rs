@@ -234,16 +234,21 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 
     let stop = Arc::new(StopSignal::default());
     let signal = stop.clone();
+    let (first, second) = {
+        let _runtime = rt.enter();
+        (
+            super::interrupt::next_sigint(),
+            super::interrupt::nth_sigint(2),
+        )
+    };
     rt.spawn(async move {
         // First Ctrl-C: stop at the next safe point (the step in progress is dropped;
         // log and checkpoint stay whole). Second: leave at once (both are still whole).
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("\ninterrupted: stopping (Ctrl-C again to quit now)");
-            signal.raise();
-            if tokio::signal::ctrl_c().await.is_ok() {
-                std::process::exit(130);
-            }
-        }
+        first.await;
+        eprintln!("\ninterrupted: stopping (Ctrl-C again to quit now)");
+        signal.raise();
+        second.await;
+        std::process::exit(130);
     });
     let steps = a.steps;
     let on_event = Box::new(move |e: LoopEvent<'_>| {
