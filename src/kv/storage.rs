@@ -13,7 +13,6 @@
 //! construction.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::error::KvError;
 use super::ids::BlockId;
@@ -237,9 +236,9 @@ impl KvStorage {
     /// command spent 5% of its CPU time there, all of it on the engine thread while
     /// the forward's other thread waited. Touched here, the same pages fault on every
     /// member at once, in runs of blocks, outside the forward's critical path. Each
-    /// page is touched by an atomic `or` with zero: a write access (so it faults the
-    /// page in as written) that leaves whatever the page holds, so the call is safe
-    /// whichever blocks the caller has written.
+    /// page is touched by [`touch_page`]: a write access (so it faults the page in as
+    /// written) that leaves whatever the page holds, so the call is safe whichever
+    /// blocks the caller has written.
     pub fn touch_ahead(&mut self, block: BlockId) {
         let ahead = self.touch_ahead_blocks();
         if block.index() + ahead / 2 < self.touched || self.touched >= self.num_blocks {
@@ -261,12 +260,8 @@ impl KvStorage {
             for page in m.share(bufs.len() * pages_per_buf) {
                 let (buf, at) = (page / pages_per_buf, page % pages_per_buf * PAGE_FLOATS);
                 // SAFETY: members take disjoint pages, and `&mut self` keeps every
-                // other reader and writer away during the run. An f32 is 4-aligned
-                // as an `AtomicU32` asks; `fetch_or(0)` changes no bit.
-                unsafe {
-                    let word = bufs[buf].get_mut(at..at + 1).as_mut_ptr() as *mut u32;
-                    AtomicU32::from_ptr(word).fetch_or(0, Ordering::Relaxed);
-                }
+                // other reader and writer away during the run.
+                unsafe { touch_page(bufs[buf].get_mut(at..at + 1).as_mut_ptr()) };
             }
         });
         self.touched = to;
@@ -318,5 +313,27 @@ impl KvStorage {
     /// The `block_size * kv_dim` values of `block` in `layer`, laid out as the keys.
     pub fn values(&self, layer: usize, block: BlockId) -> &[f32] {
         &self.values[layer][self.block_range(block)]
+    }
+}
+
+/// Writes the f32 at `p` with the value it holds: one write access, which faults a
+/// page never touched in as a private written page (a read would map the shared
+/// zero page and leave the write fault for later). Not an atomic `fetch_or(0)`:
+/// LLVM turns an idempotent atomic RMW into a load and drops it when its result is
+/// unused, and this function then did nothing (0570992 to 2026-12-04).
+///
+/// # Safety
+/// `p` is valid for reads and writes, and no other thread accesses it meanwhile.
+unsafe fn touch_page(p: *mut f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `lock or` of zero into a valid, 4-aligned f32 changes no bit; the
+    // caller rules out other accesses.
+    unsafe {
+        std::arch::asm!("lock or dword ptr [{p}], 0", p = in(reg) p, options(nostack));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: as the caller promises; volatile, so neither access is dropped.
+    unsafe {
+        p.write_volatile(p.read_volatile());
     }
 }

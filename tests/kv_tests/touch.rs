@@ -76,3 +76,77 @@ fn touching_ahead_keeps_the_frontier_ahead_and_changes_no_value() {
     c.free(s).unwrap();
     c.check_invariants().unwrap();
 }
+
+/// Whether the page holding `p` is present and this process's own, from
+/// `/proc/self/pagemap` (bit 63: present; bit 56: exclusively mapped, which the shared
+/// zero page that a read fault maps is not).
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn page_written(p: *const f32) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    const PAGE: u64 = 4096;
+    let mut f = std::fs::File::open("/proc/self/pagemap").unwrap();
+    f.seek(SeekFrom::Start(p as u64 / PAGE * 8)).unwrap();
+    let mut entry = [0u8; 8];
+    f.read_exact(&mut entry).unwrap();
+    let e = u64::from_le_bytes(entry);
+    (e >> 63) & 1 == 1 && (e >> 56) & 1 == 1
+}
+
+/// The first and last page of block `b`'s keys and values in `layer`.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn block_pages(c: &KvCache, layer: usize, b: usize) -> [[*const f32; 2]; 2] {
+    let id = BlockId::new(b as u32);
+    let (k, v) = (c.storage().keys(layer, id), c.storage().values(layer, id));
+    [k, v].map(|s| [&s[0] as *const f32, &s[s.len() - 1] as *const f32])
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn written(c: &KvCache, layer: usize, b: usize) -> bool {
+    block_pages(c, layer, b)
+        .iter()
+        .flatten()
+        .all(|&p| page_written(p))
+}
+
+/// The touch really writes the pages (an optimiser once turned it into nothing): after
+/// the first block is handed out, the pages of the blocks ahead of it are present
+/// and private in every layer's keys and values, and the pages past the frontier
+/// are not.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[test]
+fn touching_ahead_faults_the_pages_in_as_written() {
+    let bytes = 2 * DEPTH * ROWS * WIDTH * 4;
+    let mut c = KvCache::new(
+        KvConfig {
+            block_size: ROWS,
+            budget_bytes: 48 * bytes,
+        },
+        DEPTH,
+        WIDTH,
+    )
+    .unwrap();
+    assert!(
+        !written(&c, 0, 5),
+        "a page is written before any block is used"
+    );
+    let s = c.new_sequence();
+    c.reserve(s, ROWS).unwrap();
+    let touched = c.storage().touched_blocks();
+    assert!(touched > 8, "{touched}");
+    for layer in 0..DEPTH {
+        // The frontier block's last page may hold the next block's first floats too
+        // (the buffers need not start on a page): that one is the next touch's.
+        for b in 1..touched - 1 {
+            assert!(
+                written(&c, layer, b),
+                "layer {layer} block {b} not written ahead"
+            );
+        }
+        let beyond = block_pages(&c, layer, 40);
+        assert!(
+            beyond.iter().flatten().all(|&p| !page_written(p)),
+            "layer {layer}: a page past the frontier is written"
+        );
+    }
+    c.free(s).unwrap();
+}
