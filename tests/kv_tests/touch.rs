@@ -17,10 +17,10 @@ fn value(block: usize, layer: usize, which: usize) -> Vec<f32> {
         .collect()
 }
 
-#[test]
-fn touching_ahead_keeps_the_frontier_ahead_and_changes_no_value() {
+/// A pool of 48 blocks of 4 MiB, nothing touched yet.
+fn pool_of_48_blocks() -> KvCache {
     let bytes = 2 * DEPTH * ROWS * WIDTH * 4;
-    let mut c = KvCache::new(
+    KvCache::new(
         KvConfig {
             block_size: ROWS,
             budget_bytes: 48 * bytes,
@@ -28,7 +28,12 @@ fn touching_ahead_keeps_the_frontier_ahead_and_changes_no_value() {
         DEPTH,
         WIDTH,
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn touching_ahead_keeps_the_frontier_ahead_and_changes_no_value() {
+    let mut c = pool_of_48_blocks();
     let (n, ahead) = (c.num_blocks(), c.storage().touch_ahead_blocks());
     assert_eq!((n, ahead), (48, 16));
     assert_eq!(
@@ -115,16 +120,7 @@ fn written(c: &KvCache, layer: usize, b: usize) -> bool {
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[test]
 fn touching_ahead_faults_the_pages_in_as_written() {
-    let bytes = 2 * DEPTH * ROWS * WIDTH * 4;
-    let mut c = KvCache::new(
-        KvConfig {
-            block_size: ROWS,
-            budget_bytes: 48 * bytes,
-        },
-        DEPTH,
-        WIDTH,
-    )
-    .unwrap();
+    let mut c = pool_of_48_blocks();
     assert!(
         !written(&c, 0, 5),
         "a page is written before any block is used"
