@@ -27,8 +27,11 @@ use crate::model::ForwardBatch;
 /// The environment variable that names the log file.
 pub const STEP_LOG_ENV: &str = "TREEGRPO_STEP_LOG";
 
+/// The log file, written by whichever engine steps.
+type SharedFile = Arc<Mutex<BufWriter<File>>>;
+
 /// One file shared by every engine of the process (a server may start several).
-static SHARED: Mutex<Option<(PathBuf, Arc<Mutex<BufWriter<File>>>)>> = Mutex::new(None);
+static SHARED: Mutex<Option<(PathBuf, SharedFile)>> = Mutex::new(None);
 
 /// What one step did and how long its parts took.
 pub struct StepRecord {
@@ -56,7 +59,7 @@ impl StepRecord {
 
 /// The log as one engine sees it: off, or the shared file and this engine's clock.
 pub struct StepLog {
-    file: Option<Arc<Mutex<BufWriter<File>>>>,
+    file: Option<SharedFile>,
     started: Instant,
     last_end: Option<Instant>,
     steps: u64,
@@ -111,7 +114,7 @@ impl StepLog {
 }
 
 /// The process's log file for `path`, created on first use.
-fn shared_file(path: PathBuf) -> Result<Arc<Mutex<BufWriter<File>>>, EngineError> {
+fn shared_file(path: PathBuf) -> Result<SharedFile, EngineError> {
     let mut shared = SHARED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((open, file)) = shared.as_ref() {
         if *open == path {
