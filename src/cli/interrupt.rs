@@ -1,12 +1,12 @@
 //! Ctrl-C for the long commands (`rollout`, `train`): a count of SIGINTs kept by a
 //! handler installed once, and futures that resolve when it passes a mark.
 //!
-//! Why not only `tokio::signal::ctrl_c`: its notice travels from the handler through a
-//! pipe that a runtime worker must read, and twice in CI a rollout ran to its end with
-//! a SIGINT caught (the handler installed, the signal pending) but never seen by the
+//! Why not `tokio::signal::ctrl_c`: its notice travels from the handler through a pipe
+//! that a runtime worker must read, and twice in CI a rollout ran to its end with a
+//! SIGINT caught (the handler installed, the signal pending) but never seen by the
 //! run. Here the handler itself bumps an atomic count (async-signal-safe), and the
 //! future reads it whenever it is polled (the rollout polls it after every finished
-//! prompt) and on a short timer, besides listening to tokio's stream.
+//! prompt) and every 100 ms on a timer.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -42,16 +42,16 @@ fn install() -> bool {
 }
 
 /// A future that resolves at the next SIGINT after this call (the handler is
-/// installed now, not at the first poll). Must be called inside a tokio runtime
-/// (for the timer and tokio's own stream).
+/// installed now, not at the first poll). Must be polled inside a tokio runtime (its
+/// timer).
 pub fn next_sigint() -> Pin<Box<dyn Future<Output = ()> + Send>> {
     nth_sigint(1)
 }
 
-/// A future that resolves once `n` SIGINTs have arrived after this call (`train`'s
-/// second Ctrl-C quits at once, however quickly it follows the first).
+/// A future that resolves once `n` (at least 1) SIGINTs have arrived after this call
+/// (`train`'s second Ctrl-C quits at once, however quickly it follows the first).
 pub fn nth_sigint(n: usize) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-    let seen = SIGINTS.load(Ordering::SeqCst) + n - 1;
+    let seen = SIGINTS.load(Ordering::SeqCst) + n.max(1) - 1;
     if !install() {
         return Box::pin(async move {
             for _ in 0..n {
@@ -59,36 +59,21 @@ pub fn nth_sigint(n: usize) -> Pin<Box<dyn Future<Output = ()> + Send>> {
             }
         });
     }
-    #[cfg(unix)]
-    let mut stream = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok();
-    let mut tick = Box::pin(tokio::time::sleep(CHECK_EVERY));
+    // The timer is made at the first poll, inside the runtime that polls it.
+    let mut tick: Option<Pin<Box<tokio::time::Sleep>>> = None;
     Box::pin(std::future::poll_fn(move |cx| {
-        if SIGINTS.load(Ordering::SeqCst) > seen {
-            return Poll::Ready(());
-        }
-        // Tokio's stream wakes this task as soon as a signal is read off its pipe (the
-        // count is then already bumped: both actions run in the same handler call).
-        #[cfg(unix)]
-        while let Some(s) = stream.as_mut() {
-            match s.poll_recv(cx) {
-                Poll::Ready(Some(())) if SIGINTS.load(Ordering::SeqCst) > seen => {
-                    return Poll::Ready(());
-                }
-                Poll::Ready(Some(())) => {}
-                // The stream ended (its driver is gone): the count and timer remain.
-                Poll::Ready(None) => stream = None,
-                Poll::Pending => break,
-            }
-        }
-        // Re-arm the timer until it is pending again, so this task is woken by it.
-        while tick.as_mut().poll(cx).is_ready() {
+        let tick = tick.get_or_insert_with(|| Box::pin(tokio::time::sleep(CHECK_EVERY)));
+        loop {
             if SIGINTS.load(Ordering::SeqCst) > seen {
                 return Poll::Ready(());
+            }
+            // Re-armed until it is pending again, so this task is woken by it.
+            if tick.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
             }
             tick.as_mut()
                 .reset(tokio::time::Instant::now() + CHECK_EVERY);
         }
-        Poll::Pending
     }))
 }
 

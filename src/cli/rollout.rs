@@ -123,10 +123,7 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     // Ctrl-C: stop, keep every finished tree, write the summary, exit 130.
-    let interrupt: Interrupt = {
-        let _runtime = rt.enter();
-        super::interrupt::next_sigint()
-    };
+    let interrupt: Interrupt = super::interrupt::next_sigint();
     let summary = rt.block_on(execute(&a, engine, cfg, out, Some(interrupt)))?;
     print_summary(&summary);
     if summary.interrupted {

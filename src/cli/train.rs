@@ -234,13 +234,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 
     let stop = Arc::new(StopSignal::default());
     let signal = stop.clone();
-    let (first, second) = {
-        let _runtime = rt.enter();
-        (
-            super::interrupt::next_sigint(),
-            super::interrupt::nth_sigint(2),
-        )
-    };
+    let (first, second) = (
+        super::interrupt::next_sigint(),
+        super::interrupt::nth_sigint(2),
+    );
     rt.spawn(async move {
         // First Ctrl-C: stop at the next safe point (the step in progress is dropped;
         // log and checkpoint stay whole). Second: leave at once (both are still whole).
