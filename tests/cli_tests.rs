@@ -315,12 +315,21 @@ fn the_step_log_accounts_for_every_computed_token() {
         assert!(seqs >= 1 && rows >= seqs, "{s}");
         assert!(field(s, "decode_seqs") <= seqs, "{s}");
         assert!(field(s, "context") >= rows, "{s}");
+        let distinct = field(s, "distinct_context");
+        assert!(distinct >= 1 && distinct <= field(s, "context"), "{s}");
         for k in ["t_ms", "forward_ms", "sample_ms", "gap_ms"] {
             assert!(s[k].as_f64().is_some_and(|v| v >= 0.0), "{k} in {s}");
         }
     }
     let summary: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    // The prompt's two trees decode side by side from its shared cached blocks.
+    assert!(
+        steps
+            .iter()
+            .any(|s| field(s, "distinct_context") < field(s, "context")),
+        "no step read a block two sequences share"
+    );
     let rows: u64 = steps.iter().map(|s| field(s, "rows")).sum();
     assert_eq!(rows, summary["tokens"]["computed"].as_u64().unwrap());
 

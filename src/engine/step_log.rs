@@ -6,11 +6,14 @@
 //!
 //! ```json
 //! {"step":12,"t_ms":803.114,"seqs":14,"rows":14,"decode_seqs":14,"context":9120,
-//!  "forward_ms":38.204,"sample_ms":0.411,"gap_ms":0.052}
+//!  "distinct_context":7016,"forward_ms":38.204,"sample_ms":0.411,"gap_ms":0.052}
 //! ```
 //!
 //! `context` is the positions the step's attention reads (each sequence's cached
-//! length plus its new rows, summed); `gap_ms` the time since the previous step ended
+//! length plus its new rows, summed); `distinct_context` the positions in distinct KV
+//! blocks among them (a block shared by several sequences, a prompt or a tree's
+//! prefix, counted once: the K/V attention must at least bring in from memory);
+//! `gap_ms` the time since the previous step ended
 //! (requests, forks and frees handled between steps). Off by default: nothing is
 //! written when the variable is unset (the step is timed either way, for its latency
 //! histogram).
@@ -39,6 +42,9 @@ pub struct StepRecord {
     pub rows: usize,
     pub decode_seqs: usize,
     pub context: usize,
+    /// Positions in distinct KV blocks: `context` counts a block shared by several
+    /// sequences once per sequence, this once (what attention must at least read).
+    pub distinct_context: usize,
     pub forward_s: f64,
     pub sample_s: f64,
 }
@@ -51,6 +57,7 @@ impl StepRecord {
             rows: batch.seqs.iter().map(|s| s.tokens.len()).sum(),
             decode_seqs: batch.seqs.iter().filter(|s| s.tokens.len() == 1).count(),
             context: batch.seqs.iter().map(|s| s.start + s.tokens.len()).sum(),
+            distinct_context: 0,
             forward_s: 0.0,
             sample_s: 0.0,
         }
@@ -81,6 +88,11 @@ impl StepLog {
         })
     }
 
+    /// Whether steps are written (their shapes need not be measured otherwise).
+    pub fn is_on(&self) -> bool {
+        self.file.is_some()
+    }
+
     /// Appends one step that began at `began` and ends now. A failed write turns the
     /// log off with a warning rather than failing the step.
     pub fn record(&mut self, began: Instant, r: &StepRecord) {
@@ -92,13 +104,14 @@ impl StepLog {
         self.last_end = Some(now);
         self.steps += 1;
         let line = format!(
-            "{{\"step\":{},\"t_ms\":{:.3},\"seqs\":{},\"rows\":{},\"decode_seqs\":{},\"context\":{},\"forward_ms\":{:.3},\"sample_ms\":{:.3},\"gap_ms\":{:.3}}}\n",
+            "{{\"step\":{},\"t_ms\":{:.3},\"seqs\":{},\"rows\":{},\"decode_seqs\":{},\"context\":{},\"distinct_context\":{},\"forward_ms\":{:.3},\"sample_ms\":{:.3},\"gap_ms\":{:.3}}}\n",
             self.steps,
             (began - self.started).as_secs_f64() * 1e3,
             r.seqs,
             r.rows,
             r.decode_seqs,
             r.context,
+            r.distinct_context,
             r.forward_s * 1e3,
             r.sample_s * 1e3,
             gap * 1e3,
