@@ -62,9 +62,13 @@ impl ScatteredStore {
             .collect();
         let floats = pool_blocks * block * kv_dim;
         let fill = |seed: usize| -> Vec<f32> {
-            (0..floats)
-                .map(|i| (((i + seed) * 7919 % 2003) as f32) / 1001.0 - 1.0)
-                .collect()
+            // Huge pages where the kernel gives them, as the engine's pool asks.
+            let mut buf = vec![0f32; floats];
+            treegrpo::model::huge_pages::advise(&buf);
+            for (i, v) in buf.iter_mut().enumerate() {
+                *v = (((i + seed) * 7919 % 2003) as f32) / 1001.0 - 1.0;
+            }
+            buf
         };
         ScatteredStore {
             keys: fill(1),

@@ -16,6 +16,7 @@ use std::fmt;
 
 use super::error::KvError;
 use super::ids::BlockId;
+use crate::model::huge_pages;
 use crate::model::team::{self, SharedBuf};
 
 /// About how much of the pool [`KvStorage::touch_ahead`] keeps written ahead of use.
@@ -104,7 +105,11 @@ fn alloc_zeroed(floats: usize) -> Result<Vec<f32>, KvError> {
         if ptr.is_null() {
             return Err(err());
         }
-        Ok(Vec::from_raw_parts(ptr, floats, floats))
+        let buf = Vec::from_raw_parts(ptr, floats, floats);
+        // Before any write: blocks are scattered through the pool, and with 4 KiB
+        // pages attention's reads of them miss the TLB (module docs of `huge_pages`).
+        huge_pages::advise(&buf);
+        Ok(buf)
     }
 }
 

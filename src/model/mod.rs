@@ -20,6 +20,7 @@ pub mod fetch;
 pub mod forward;
 pub mod gguf;
 pub mod gguf_file;
+pub mod huge_pages;
 pub mod kernels;
 pub mod linear;
 mod load;
