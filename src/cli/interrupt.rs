@@ -7,13 +7,7 @@
 //! run. Here the handler itself bumps an atomic count (async-signal-safe), and the
 //! future reads it whenever it is polled (the rollout polls it after every finished
 //! prompt) and every 100 ms on a timer.
-//!
-//! Why our own `sigaction` and not signal-hook-registry's dispatcher (which tokio
-//! uses): with the dispatcher, about one run in ten (the interrupt test's command, a
-//! SIGINT after the first finished prompt) caught the signal without running the
-//! registered action: no count, no stop, exit 0 after all 40 prompts (seen in CI, in
-//! `cargo test` and in a shell loop, 2026-12-04). The same loop with this plain
-//! handler stopped every time (see `install`). Root cause in the dispatcher not found.
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -34,20 +28,13 @@ fn install() -> bool {
     *INSTALLED.get_or_init(|| {
         #[cfg(unix)]
         {
-            /// The handler: only an atomic increment, which is async-signal-safe.
-            extern "C" fn count_sigint(_: libc::c_int) {
-                SIGINTS.fetch_add(1, Ordering::SeqCst);
-            }
-            // SAFETY: a zeroed `sigaction` is a valid empty one; we set a handler
-            // that is async-signal-safe, an empty mask and SA_RESTART (interrupted
-            // system calls resume, as they would without the signal).
+            // SAFETY: the action only increments an atomic, which is async-signal-safe.
             unsafe {
-                let mut action: libc::sigaction = std::mem::zeroed();
-                action.sa_sigaction = count_sigint as *const () as libc::sighandler_t;
-                action.sa_flags = libc::SA_RESTART;
-                libc::sigemptyset(&mut action.sa_mask);
-                libc::sigaction(libc::SIGINT, &action, std::ptr::null_mut()) == 0
+                signal_hook_registry::register(libc::SIGINT, || {
+                    SIGINTS.fetch_add(1, Ordering::SeqCst);
+                })
             }
+            .is_ok()
         }
         #[cfg(not(unix))]
         false
