@@ -79,28 +79,10 @@ fn run_on(
     prompts: usize,
 ) -> (RolloutResult, u64) {
     let engine = Engine::start(model.clone(), engine).unwrap();
-    let env: Arc<dyn Environment> = Arc::new(
-        SearchQaEnv::from_corpus_file(&data("corpus.jsonl"), DEFAULT_TOP_K, EnvConfig::default())
-            .unwrap(),
-    );
-    let samples: Vec<_> = load_samples(&data("train.jsonl"))
-        .unwrap()
-        .into_iter()
-        .take(prompts)
-        .collect();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let output = out.map(|d| Output::create(d).unwrap());
     let before = rt.block_on(engine.stats()).unwrap().counters.computed();
-    let request = RolloutRequest {
-        env,
-        samples,
-        config: cfg,
-        options,
-    };
+    let request = request(cfg, options, prompts);
     let hooks = RunHooks {
         output,
         ..RunHooks::default()
@@ -122,6 +104,33 @@ fn run_on(
     }
     let after = rt.block_on(engine.stats()).unwrap().counters.computed();
     (result, after - before)
+}
+
+/// The first `prompts` training questions of the search-QA task as a request.
+fn request(config: TreeConfig, options: RunOptions, prompts: usize) -> RolloutRequest {
+    let env: Arc<dyn Environment> = Arc::new(
+        SearchQaEnv::from_corpus_file(&data("corpus.jsonl"), DEFAULT_TOP_K, EnvConfig::default())
+            .unwrap(),
+    );
+    let samples: Vec<_> = load_samples(&data("train.jsonl"))
+        .unwrap()
+        .into_iter()
+        .take(prompts)
+        .collect();
+    RolloutRequest {
+        env,
+        samples,
+        config,
+        options,
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// The trees and records of a result as `forest.jsonl` and `trajectories.jsonl` hold
@@ -233,6 +242,52 @@ fn same_seed_same_bytes_whatever_the_batch_cap() {
         fa == fb,
         "trajectories.jsonl differs between batch caps 64 and 3"
     );
+}
+
+/// One prompt at a time: prompts start in prompt order, so each forest is on disk as
+/// soon as it finishes (the files are written in prompt order). Before the fix, tasks
+/// took their turns in whatever order they were first polled, and a first prompt that
+/// ran last held every other forest back until the end of the run (so a rollout
+/// interrupted early kept nothing on disk).
+#[test]
+fn one_prompt_at_a_time_writes_each_forest_as_it_finishes() {
+    let model = Arc::new(LoadedModel::load(&common::default_model()).unwrap());
+    let engine = Engine::start(model, EngineConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let options = RunOptions {
+        max_concurrent_prompts: 1,
+        ..RunOptions::new(AdvantageMode::Tree)
+    };
+    let mut cfg = tree_config(true);
+    cfg.max_step_tokens = 8;
+    let prompts = 6;
+    let traj = dir.path().join("trajectories.jsonl");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let progress = {
+        let (traj, seen) = (traj.clone(), seen.clone());
+        move |p: treegrpo::rollout::Progress| {
+            // Prompts on disk when the `prompts_done`-th forest is reported.
+            let text = std::fs::read_to_string(&traj).unwrap_or_default();
+            let uids: std::collections::BTreeSet<String> = text
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+                .map(|r| r["prompt_uid"].as_str().unwrap().to_string())
+                .collect();
+            seen.lock().unwrap().push((p.prompts_done, uids.len()));
+        }
+    };
+    let hooks = RunHooks {
+        output: Some(Output::create(dir.path()).unwrap()),
+        progress: Some(Box::new(progress)),
+        ..RunHooks::default()
+    };
+    let result = runtime()
+        .block_on(run_rollout(engine, request(cfg, options, prompts), hooks))
+        .unwrap();
+    assert_eq!(result.summary.prompts_finished, prompts);
+    let seen = seen.lock().unwrap().clone();
+    let expected: Vec<(usize, usize)> = (1..=prompts).map(|k| (k, k)).collect();
+    assert_eq!(seen, expected, "(forests finished, prompts on disk)");
 }
 
 /// A token budget stops new branches; the branches that do run are the same ones, with

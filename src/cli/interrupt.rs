@@ -1,12 +1,14 @@
 //! Ctrl-C for the long commands (`rollout`, `train`): a count of SIGINTs kept by a
 //! handler installed once, and futures that resolve when it passes a mark.
 //!
-//! Why not `tokio::signal::ctrl_c`: its notice travels from the handler through a pipe
-//! that a runtime worker must read, and twice in CI a rollout ran to its end with a
-//! SIGINT caught (the handler installed, the signal pending) but never seen by the
-//! run. Here the handler itself bumps an atomic count (async-signal-safe), and the
-//! future reads it whenever it is polled (the rollout polls it after every finished
-//! prompt) and every 100 ms on a timer.
+//! The handler bumps an atomic count (async-signal-safe), and the future reads it
+//! whenever it is polled (the rollout polls it after every finished prompt) and every
+//! 100 ms on a timer: no pipe for a runtime worker to drain, as tokio's signal stream
+//! has. (That stream was suspected when CI's interrupt test saw a rollout run to its
+//! end; the cause was elsewhere: prompts took their turns in arbitrary order, so with
+//! one prompt at a time nothing reached disk until the run was over, and the test,
+//! which waits for the first written forest, sent its SIGINT after the end. Fixed in
+//! `rollout/run.rs`.)
 
 use std::future::Future;
 use std::pin::Pin;

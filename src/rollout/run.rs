@@ -304,13 +304,26 @@ pub async fn run_rollout(
         0 => n.max(1),
         k => k,
     }));
+    // Prompts take their permits in prompt order: tasks are first polled in no
+    // particular order, and since the files are written in prompt order, a first
+    // prompt that started last would hold every finished forest back until the end
+    // (with one prompt at a time, nothing written until the run was over, so an
+    // interrupted run kept nothing on disk). `next_in_line` is the prompt whose
+    // turn it is to take a permit.
+    let (next_in_line, _) = tokio::sync::watch::channel(0usize);
+    let next_in_line = Arc::new(next_in_line);
     let mut jobs = JoinSet::new();
     let offset = options.prompt_offset;
     for (i, start) in starts.into_iter().enumerate() {
         let ctx = ctx.clone();
         let permits = permits.clone();
+        let next_in_line = next_in_line.clone();
         jobs.spawn(async move {
+            let mut turn = next_in_line.subscribe();
+            // The sender lives as long as this task's `Arc`, so the wait cannot fail.
+            let _ = turn.wait_for(|&next| next == i).await;
             let _permit = permits.acquire_owned().await;
+            next_in_line.send_modify(|next| *next += 1);
             let forest = match start {
                 Ok(start) => sample_prompt_forest(ctx, (offset + i) as u64, start).await,
                 Err(error) => Ok(Forest::failed_prompt(error)),
