@@ -23,15 +23,6 @@ fn data(f: &str) -> PathBuf {
         .join(f)
 }
 
-/// mistral.rs needs a multi-threaded runtime (it uses `block_in_place` while loading).
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn mistralrs_runs_the_chain_workload() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -49,7 +40,7 @@ fn mistralrs_runs_the_chain_workload() {
         top_p: None,
     };
     let workload = ChainWorkload::new(2, sampling, 32, 7);
-    let s = runtime()
+    let s = common::runtime()
         .block_on(run_mistralrs_chains(&path, ours, env, samples, workload))
         .unwrap();
     eprintln!(
@@ -70,7 +61,7 @@ fn mistralrs_decode_speed_is_positive() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let path = common::default_model();
     let prompt = decode_prompt(&LoadedModel::load(&path).unwrap()).unwrap();
-    let tps = runtime()
+    let tps = common::runtime()
         .block_on(mistralrs_decode_tokens_per_second(&path, &prompt, 2, 32))
         .unwrap();
     eprintln!("mistral.rs decode at batch 2: {tps:.1} tok/s");
@@ -80,11 +71,11 @@ fn mistralrs_decode_speed_is_positive() {
 #[test]
 fn peer_errors_instead_of_panicking() {
     let missing = Path::new("/nonexistent/model.gguf");
-    let r = runtime().block_on(mistralrs_decode_tokens_per_second(missing, &[1, 2], 2, 8));
+    let r = common::runtime().block_on(mistralrs_decode_tokens_per_second(missing, &[1, 2], 2, 8));
     assert!(r.is_err());
     let path = common::default_model();
-    let r = runtime().block_on(mistralrs_decode_tokens_per_second(&path, &[1, 2], 0, 8));
+    let r = common::runtime().block_on(mistralrs_decode_tokens_per_second(&path, &[1, 2], 0, 8));
     assert!(r.is_err());
-    let r = runtime().block_on(mistralrs_decode_tokens_per_second(&path, &[], 2, 8));
+    let r = common::runtime().block_on(mistralrs_decode_tokens_per_second(&path, &[], 2, 8));
     assert!(r.is_err());
 }

@@ -79,7 +79,7 @@ fn run_on(
     prompts: usize,
 ) -> (RolloutResult, u64) {
     let engine = Engine::start(model.clone(), engine).unwrap();
-    let rt = runtime();
+    let rt = common::runtime();
     let output = out.map(|d| Output::create(d).unwrap());
     let before = rt.block_on(engine.stats()).unwrap().counters.computed();
     let request = request(cfg, options, prompts);
@@ -123,14 +123,6 @@ fn request(config: TreeConfig, options: RunOptions, prompts: usize) -> RolloutRe
         config,
         options,
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// The trees and records of a result as `forest.jsonl` and `trajectories.jsonl` hold
@@ -281,7 +273,7 @@ fn one_prompt_at_a_time_writes_each_forest_as_it_finishes() {
         progress: Some(Box::new(progress)),
         ..RunHooks::default()
     };
-    let result = runtime()
+    let result = common::runtime()
         .block_on(run_rollout(engine, request(cfg, options, prompts), hooks))
         .unwrap();
     assert_eq!(result.summary.prompts_finished, prompts);

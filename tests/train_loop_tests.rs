@@ -40,14 +40,6 @@ fn model() -> Arc<LoadedModel> {
     Arc::new(LoadedModel::load(&common::default_model()).unwrap())
 }
 
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn calc(turns: usize, n: usize) -> (Arc<dyn Environment>, Vec<QaSample>, Vec<QaSample>) {
     let data = TaskData::Embedded;
     let (env, train) = Task::Calc.setup(&data, turns, n).unwrap();
@@ -70,7 +62,7 @@ fn engine_logits(core: &mut EngineCore, tokens: &[u32]) -> Vec<Vec<f32>> {
 fn served_trainer_weights_match_the_engine_before_and_the_trainer_after_an_update() {
     let m = model();
     let (env, train, _) = calc(2, 4);
-    let demos = rt()
+    let demos = common::runtime()
         .block_on(demonstrations(&m, env.as_ref(), &train))
         .unwrap();
     let sample = sft_sample(&demos[0]);
@@ -205,7 +197,7 @@ fn no_events() -> treegrpo::closed_loop::EventFn {
 fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
     let dir = tempfile::tempdir().unwrap();
     let m = common::server::tiny(&dir.path().join("model"), 5);
-    let rt = rt();
+    let rt = common::runtime();
 
     // A frozen KL reference: the run's start weights, kept in the run folder.
     let config = || LoopConfig {
@@ -331,7 +323,7 @@ fn warm_start_then_rl(m: &Arc<LoadedModel>, schedule: Schedule, out: &Path) -> R
         steps,
         prompts_per_step,
     } = schedule;
-    let rt = rt();
+    let rt = common::runtime();
     let (env, train, test) = calc(2, 150);
     let test = &test[..20];
     let engine = Engine::start(m.clone(), EngineConfig::default()).unwrap();

@@ -16,7 +16,7 @@ use crate::model::{BatchSeq, ForwardBatch, LogitsWanted, ModelError};
 
 use super::core::EngineCore;
 use super::error::EngineError;
-use super::step_log::StepRecord;
+use super::step_log::{distinct_context, StepRecord};
 
 /// The batch one step runs.
 #[derive(Default)]
@@ -60,29 +60,12 @@ impl EngineCore {
         let started = std::time::Instant::now();
         let mut record = StepRecord::of_batch(&plan.batch);
         if self.step_log.is_on() {
-            record.distinct_context = self.distinct_context(&plan.batch);
+            record.distinct_context = distinct_context(&self.kv, &plan.batch);
         }
         let rows = self.run(plan, &mut record);
         self.step_latency.record(started.elapsed().as_secs_f64());
         self.step_log.record(started, &record);
         rows
-    }
-
-    /// Positions of `batch`'s attention in distinct KV blocks: each block the step reads
-    /// counted once, with the most positions any sequence reads from it.
-    fn distinct_context(&self, batch: &ForwardBatch) -> usize {
-        let bs = self.kv.block_size();
-        let mut used: std::collections::HashMap<usize, usize> = Default::default();
-        for s in &batch.seqs {
-            let len = s.start + s.tokens.len();
-            let blocks = self.kv.read_blocks(SeqId::from_slot(s.slot), 0, len);
-            for (i, (keys, _)) in blocks.iter().enumerate() {
-                let rows = (len - i * bs).min(bs);
-                let e = used.entry(keys.as_ptr() as usize).or_default();
-                *e = (*e).max(rows);
-            }
-        }
-        used.values().sum()
     }
 
     /// Chooses this step's batch and reserves its KV.

@@ -18,6 +18,7 @@
 //! written when the variable is unset (the step is timed either way, for its latency
 //! histogram).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::error::EngineError;
+use crate::kv::{BlockId, KvCache, SeqId};
 use crate::model::ForwardBatch;
 
 /// The environment variable that names the log file.
@@ -62,6 +64,28 @@ impl StepRecord {
             sample_s: 0.0,
         }
     }
+}
+
+/// Positions of `batch`'s attention in distinct KV blocks: each block the step reads
+/// counted once, with the most positions any sequence reads from it. Walks every
+/// sequence's block table, so it runs only while the log is on.
+pub fn distinct_context(kv: &KvCache, batch: &ForwardBatch) -> usize {
+    let bs = kv.block_size();
+    let mut used: HashMap<BlockId, usize> = HashMap::new();
+    for s in &batch.seqs {
+        let len = s.start + s.tokens.len();
+        // The step has reserved its rows, so the table covers `len` positions.
+        let blocks = kv
+            .table(SeqId::from_slot(s.slot))
+            .map(|t| t.blocks)
+            .unwrap_or_default();
+        for (i, &block) in blocks.iter().take(len.div_ceil(bs)).enumerate() {
+            let rows = (len - i * bs).min(bs);
+            let most = used.entry(block).or_default();
+            *most = (*most).max(rows);
+        }
+    }
+    used.values().sum()
 }
 
 /// The log as one engine sees it: off, or the shared file and this engine's clock.

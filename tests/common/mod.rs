@@ -16,6 +16,16 @@ pub fn default_model() -> PathBuf {
         .expect("the default model could not be fetched")
 }
 
+/// A two-worker multi-threaded tokio runtime, as the engine's callers use (mistral.rs
+/// also needs a multi-threaded one: it calls `block_in_place` while loading).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// Largest absolute difference between two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
