@@ -51,6 +51,7 @@ fn kv_fork(c: &mut Criterion) {
         let config = KvConfig {
             block_size: BLOCK,
             budget_bytes: tokens.div_ceil(BLOCK) * bytes_per_block,
+            format: treegrpo::model::KvFormat::F32,
         };
         let mut kv = KvCache::new(config, LAYERS, KV_DIM).unwrap();
         let parent = kv.new_sequence();

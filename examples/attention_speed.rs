@@ -6,7 +6,8 @@
 //! `CONTEXT BATCH SHARED`: the sequences share their first SHARED positions' blocks.
 //! `BLOCK=N` sets the positions per block (the engine's default is 64); `SEQUENTIAL=1`
 //! lays each sequence's blocks out in order instead of scattering them; `REPEATS=N`
-//! times the attention N times (default 5) and keeps the best.
+//! times the attention N times (default 5) and keeps the best; `F16=1` keeps the
+//! store's keys and values in f16, as the engine's pool does under `--precision fast`.
 //!
 //! Prints the machine's sequential read bandwidth first (one and two threads), then ns
 //! per (query head, key position), the unit attention's cost scales with,
@@ -14,8 +15,9 @@
 //! layer: what the hardware must at least deliver).
 use std::time::Instant;
 
+use half::f16;
 use treegrpo::model::attention::{AttentionPlan, AttentionShape, SeqSpan};
-use treegrpo::model::{KvChunk, KvStore, ModelError};
+use treegrpo::model::{KvChunk, KvChunks, KvStore, ModelError};
 
 const SHAPE: AttentionShape = AttentionShape {
     num_heads: 9,
@@ -28,6 +30,8 @@ const SHAPE: AttentionShape = AttentionShape {
 struct ScatteredStore {
     keys: Vec<f32>,
     values: Vec<f32>,
+    /// The same values in f16 when the store keeps that format (`F16=1`).
+    halves: Option<(Vec<f16>, Vec<f16>)>,
     tables: Vec<Vec<usize>>,
     /// Positions per block.
     block: usize,
@@ -70,9 +74,21 @@ impl ScatteredStore {
             }
             buf
         };
+        let (keys, values) = (fill(1), fill(2));
+        let halves = std::env::var_os("F16").map(|_| {
+            let half = |v: &[f32]| v.iter().map(|&x| f16::from_f32(x)).collect::<Vec<_>>();
+            (half(&keys), half(&values))
+        });
+        // Only the format attention reads stays in memory.
+        let (keys, values) = if halves.is_some() {
+            (Vec::new(), Vec::new())
+        } else {
+            (keys, values)
+        };
         ScatteredStore {
-            keys: fill(1),
-            values: fill(2),
+            keys,
+            values,
+            halves,
             tables,
             block,
         }
@@ -91,19 +107,28 @@ impl KvStore for ScatteredStore {
         Ok(())
     }
 
-    fn chunks(&self, _layer: usize, slot: usize, _len: usize) -> Vec<KvChunk<'_>> {
+    fn chunks(&self, _layer: usize, slot: usize, _len: usize) -> KvChunks<'_> {
         let width = self.block * SHAPE.num_kv_heads * SHAPE.head_dim;
-        self.tables[slot]
-            .iter()
-            .map(|&b| {
-                let (keys, values) = (
-                    &self.keys[b * width..(b + 1) * width],
-                    &self.values[b * width..(b + 1) * width],
-                );
-                // As the engine's paged cache lays a block out: head after head.
-                KvChunk::head_major(keys, values, SHAPE.num_kv_heads)
-            })
-            .collect()
+        // As the engine's paged cache lays a block out: head after head.
+        fn blocks<'a, T>(
+            table: &[usize],
+            keys: &'a [T],
+            values: &'a [T],
+            width: usize,
+        ) -> Vec<KvChunk<'a, T>> {
+            table
+                .iter()
+                .map(|&b| {
+                    let range = b * width..(b + 1) * width;
+                    KvChunk::head_major(&keys[range.clone()], &values[range], SHAPE.num_kv_heads)
+                })
+                .collect()
+        }
+        let table = &self.tables[slot];
+        match &self.halves {
+            Some((k, v)) => KvChunks::F16(blocks(table, k, v, width)),
+            None => KvChunks::F32(blocks(table, &self.keys, &self.values, width)),
+        }
     }
 }
 
@@ -168,7 +193,9 @@ fn main() {
                 std::hint::black_box(&out);
             }
             let pairs = (batch * SHAPE.num_heads * context) as f64;
-            let bytes = (batch * context * 2 * SHAPE.num_kv_heads * SHAPE.head_dim * 4) as f64;
+            let value_bytes = if store.halves.is_some() { 2 } else { 4 };
+            let bytes =
+                (batch * context * 2 * SHAPE.num_kv_heads * SHAPE.head_dim * value_bytes) as f64;
             println!(
                 "| {context} | {batch} | {:.2} | {:.1} |",
                 best * 1e9 / pairs,

@@ -32,6 +32,7 @@ fn paged(model: &Model) -> KvCache {
         KvConfig {
             block_size: 4,
             budget_bytes: 64 * 4 * cfg.kv_bytes_per_token(),
+            format: treegrpo::model::KvFormat::F32,
         },
         cfg,
     )

@@ -287,7 +287,7 @@ impl World {
             assert_eq!(c.tokens(s).unwrap(), &sh.tokens[..]);
             let len = sh.rows.len();
             for layer in 0..LAYERS {
-                let chunks = c.chunks(layer, s.slot(), len);
+                let chunks = c.chunks(layer, s.slot(), len).into_f32().unwrap();
                 let bs = c.block_size();
                 assert_eq!(chunks.len(), len.div_ceil(bs));
                 for (p, want) in sh.rows.iter().enumerate() {
@@ -335,6 +335,7 @@ fn run(seed: u64, block_size: usize, blocks: usize, ops: usize) {
         KvConfig {
             block_size,
             budget_bytes: bytes_per_block * blocks,
+            format: treegrpo::model::KvFormat::F32,
         },
         LAYERS,
         KV_DIM,

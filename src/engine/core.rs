@@ -132,6 +132,7 @@ impl EngineCore {
             KvConfig {
                 block_size: config.block_size,
                 budget_bytes: config.kv_budget_bytes,
+                format: model.model.kv_format(),
             },
             model.model.config(),
         )?;

@@ -48,6 +48,18 @@ pub enum EngineError {
     /// The offered weights do not fit the served model's KV cache and tokenizer.
     #[error("the new weights' {field} differs from the served model's")]
     WeightShape { field: &'static str },
+    /// The offered weights keep K/V in a wider format than the engine's KV pool (an
+    /// engine started at `--precision fast` keeps f16, exact weights need f32).
+    #[error(
+        "the new weights keep keys and values in {weights}, this engine's KV cache holds \
+         {cache} (start it at the weights' precision)",
+        weights = weights.name(),
+        cache = cache.name()
+    )]
+    KvFormat {
+        cache: crate::model::KvFormat,
+        weights: crate::model::KvFormat,
+    },
     /// A swap was asked of the core while a generation or prefill runs (the engine
     /// thread waits for them instead).
     #[error("weights cannot be swapped while a generation or prefill is in flight")]
@@ -112,6 +124,10 @@ impl EngineError {
             Forward(e) => Forward(e.clone()),
             Step(e) => Step(e.clone()),
             WeightShape { field } => WeightShape { field },
+            KvFormat { cache, weights } => KvFormat {
+                cache: *cache,
+                weights: *weights,
+            },
             SwapInFlight => SwapInFlight,
             StaleWeightVersion { offered, serving } => StaleWeightVersion {
                 offered: *offered,

@@ -69,7 +69,8 @@ impl EngineCore {
     /// Serves `weights` from now on and returns the new weight version. Live sequences
     /// keep their tokens and recompute their KV on their next use; cached prefixes are
     /// forgotten. Fails (changing nothing) when the weights' shape differs from the
-    /// served model's, a generation or prefill is in flight, or a pin holds KV.
+    /// served model's, they keep K/V wider than the pool (exact weights into an engine
+    /// started fast), a generation or prefill is in flight, or a pin holds KV.
     pub fn swap_weights(&mut self, weights: Arc<Model>) -> Result<WeightVersion, EngineError> {
         self.swap_weights_as(weights, self.weight_version + 1)
     }
@@ -90,6 +91,15 @@ impl EngineCore {
         let serving = self.weights.config();
         if let Some(field) = shape_mismatch(serving, weights.config()) {
             return Err(EngineError::WeightShape { field });
+        }
+        // An f32 pool holds an f16 model's rounded values exactly; the other way round
+        // would round exact weights' K/V.
+        let (cache, offered) = (self.kv.format(), weights.kv_format());
+        if offered.bytes() > cache.bytes() {
+            return Err(EngineError::KvFormat {
+                cache,
+                weights: offered,
+            });
         }
         if !self.can_swap_weights() {
             return Err(EngineError::SwapInFlight);

@@ -189,6 +189,11 @@ impl KvCache {
         self.storage.kv_heads()
     }
 
+    /// The number format the pool stores keys and values in.
+    pub fn format(&self) -> crate::model::KvFormat {
+        self.storage.format()
+    }
+
     // ----- block bookkeeping --------------------------------------------------------
 
     /// Releases blocks last to first, so a chain's earlier blocks stay cached longest.

@@ -1,7 +1,8 @@
 //! [`KvStorage`]: the preallocated KV memory, cut into fixed-size blocks — the bytes
 //! only; which block is free, cached or in use is [`BlockPool`](super::BlockPool)'s.
 //!
-//! Per layer there is one f32 buffer for keys and one for values, each laid out
+//! Per layer there is one buffer for keys and one for values (f32, or f16 for a model
+//! that keeps them so: [`KvFormat`]), each laid out
 //! `[num_blocks, kv_heads, block_size, head_dim]` (`kv_dim = kv_heads * head_dim`): within
 //! a block, one KV head's rows are contiguous, so attention, which reads one KV head
 //! of every position at a time, streams a block's 4 KiB of that head instead of a
@@ -9,15 +10,19 @@
 //! at a third of the speed; `examples/attention_speed`). With one KV head the layout
 //! is plain rows of `kv_dim`. The number of blocks
 //! follows from a byte budget ([`KvConfig`]): one block costs
-//! `2 * num_layers * block_size * kv_dim * 4` bytes, and nothing is allocated after
-//! construction.
+//! `2 * num_layers * block_size * kv_dim * format.bytes()` bytes, and nothing is
+//! allocated after construction. An f16 pool's buffers are f32 words viewed as twice as
+//! many f16s (both types accept any bits, and f16's alignment divides f32's).
 
 use std::fmt;
 
 use super::error::KvError;
 use super::ids::BlockId;
+use half::f16;
+
 use crate::model::huge_pages;
 use crate::model::team::{self, SharedBuf};
+use crate::model::KvFormat;
 
 /// About how much of the pool [`KvStorage::touch_ahead`] keeps written ahead of use.
 pub const TOUCH_AHEAD_BYTES: usize = 64 << 20;
@@ -41,14 +46,18 @@ pub struct KvConfig {
     pub block_size: usize,
     /// Bytes of KV memory (keys and values of all layers); rounded down to whole blocks.
     pub budget_bytes: usize,
+    /// The number format of the stored values: the served model's
+    /// ([`crate::model::Model::kv_format`]).
+    pub format: KvFormat,
 }
 
 impl KvConfig {
-    /// Blocks of [`DEFAULT_BLOCK_SIZE`] within `budget_bytes`.
+    /// f32 blocks of [`DEFAULT_BLOCK_SIZE`] within `budget_bytes`.
     pub fn with_budget(budget_bytes: usize) -> Self {
         KvConfig {
             block_size: DEFAULT_BLOCK_SIZE,
             budget_bytes,
+            format: KvFormat::F32,
         }
     }
 }
@@ -62,8 +71,9 @@ pub struct KvStorage {
     kv_heads: usize,
     block_size: usize,
     num_blocks: usize,
+    format: KvFormat,
     /// `keys[layer]`, `values[layer]`: `[num_blocks, kv_heads, block_size, head_dim]`
-    /// floats.
+    /// values of `format`, in f32 words (half as many for f16).
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
     /// Blocks `0..touched` have had their pages written ahead of use
@@ -79,6 +89,7 @@ impl fmt::Debug for KvStorage {
             .field("kv_heads", &self.kv_heads)
             .field("block_size", &self.block_size)
             .field("num_blocks", &self.num_blocks)
+            .field("format", &self.format)
             .finish()
     }
 }
@@ -115,12 +126,17 @@ fn alloc_zeroed(floats: usize) -> Result<Vec<f32>, KvError> {
 
 impl KvStorage {
     /// Bytes one block takes across all layers, keys and values.
-    pub fn block_bytes(num_layers: usize, block_size: usize, kv_dim: usize) -> Option<usize> {
+    pub fn block_bytes(
+        num_layers: usize,
+        block_size: usize,
+        kv_dim: usize,
+        format: KvFormat,
+    ) -> Option<usize> {
         2usize
             .checked_mul(num_layers)?
             .checked_mul(block_size)?
             .checked_mul(kv_dim)?
-            .checked_mul(std::mem::size_of::<f32>())
+            .checked_mul(format.bytes())
     }
 
     /// Buffers for as many blocks as `config.budget_bytes` holds, zeroed.
@@ -141,14 +157,21 @@ impl KvStorage {
                 "kv_dim {kv_dim} does not split into {kv_heads} KV heads"
             )));
         }
+        if config.format == KvFormat::F16 && !(config.block_size * kv_dim).is_multiple_of(2) {
+            return Err(KvError::InvalidConfig(format!(
+                "an f16 block of {} rows of {kv_dim} is not a whole number of f32 words",
+                config.block_size
+            )));
+        }
         if config.block_size == 0 || num_layers == 0 || kv_dim == 0 {
             return Err(KvError::InvalidConfig(format!(
                 "block_size {}, num_layers {num_layers} and kv_dim {kv_dim} must all be positive",
                 config.block_size
             )));
         }
-        let bytes_per_block = Self::block_bytes(num_layers, config.block_size, kv_dim)
-            .ok_or_else(|| KvError::InvalidConfig("block size overflows".into()))?;
+        let bytes_per_block =
+            Self::block_bytes(num_layers, config.block_size, kv_dim, config.format)
+                .ok_or_else(|| KvError::InvalidConfig("block size overflows".into()))?;
         let num_blocks = config.budget_bytes / bytes_per_block;
         if num_blocks == 0 {
             return Err(KvError::BudgetTooSmall {
@@ -163,7 +186,7 @@ impl KvStorage {
             )));
         }
         // Fits: num_blocks * bytes_per_block <= budget_bytes.
-        let floats = num_blocks * config.block_size * kv_dim;
+        let floats = num_blocks * config.block_size * kv_dim * config.format.bytes() / 4;
         let mut keys = Vec::with_capacity(num_layers);
         let mut values = Vec::with_capacity(num_layers);
         for _ in 0..num_layers {
@@ -176,6 +199,7 @@ impl KvStorage {
             kv_heads,
             block_size: config.block_size,
             num_blocks,
+            format: config.format,
             keys,
             values,
             touched: 0,
@@ -203,19 +227,31 @@ impl KvStorage {
         self.num_blocks
     }
 
-    /// `2 * num_layers * block_size * kv_dim * 4`.
+    /// The number format of the stored values.
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
+    /// `2 * num_layers * block_size * kv_dim * format.bytes()`.
     pub fn bytes_per_block(&self) -> usize {
         self.block_size * self.bytes_per_token()
     }
 
-    /// `2 * num_layers * kv_dim * 4`.
+    /// `2 * num_layers * kv_dim * format.bytes()`.
     pub fn bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.kv_dim * std::mem::size_of::<f32>()
+        2 * self.num_layers * self.kv_dim * self.format.bytes()
     }
 
+    /// Where `block` lies in a buffer, in values (of the format).
     fn block_range(&self, block: BlockId) -> std::ops::Range<usize> {
         let n = self.block_size * self.kv_dim;
         block.index() * n..(block.index() + 1) * n
+    }
+
+    /// Where blocks `from..to` lie in a buffer, in f32 words.
+    fn word_range(&self, from: usize, to: usize) -> std::ops::Range<usize> {
+        let words = self.block_size * self.kv_dim * self.format.bytes() / 4;
+        from * words..to * words
     }
 
     /// Blocks [`Self::touch_ahead`] keeps written ahead of the highest block handed
@@ -251,8 +287,7 @@ impl KvStorage {
         }
         let from = self.touched.max(block.index());
         let to = (block.index() + 1 + ahead).min(self.num_blocks);
-        let span = self.block_size * self.kv_dim;
-        let range = from * span..to * span;
+        let range = self.word_range(from, to);
         let bufs: Vec<SharedBuf> = self
             .keys
             .iter_mut()
@@ -282,10 +317,14 @@ impl KvStorage {
         let (from, to) = (self.block_range(src).start, self.block_range(dst).start);
         let head_dim = self.kv_dim / self.kv_heads;
         let (head_span, n) = (self.block_size * head_dim, rows * head_dim);
+        let (format, heads) = (self.format, self.kv_heads);
         for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
-            for h in 0..self.kv_heads {
+            for h in 0..heads {
                 let at = h * head_span;
-                buf.copy_within(from + at..from + at + n, to + at);
+                match format {
+                    KvFormat::F32 => buf.copy_within(from + at..from + at + n, to + at),
+                    KvFormat::F16 => halves_mut(buf).copy_within(from + at..from + at + n, to + at),
+                }
             }
         }
     }
@@ -299,26 +338,82 @@ impl KvStorage {
         key: &[f32],
         value: &[f32],
     ) {
+        // The model rounds what an f16 pool keeps (`KvStore::chunks`): stored as given.
+        debug_assert!(self.format.holds(key) && self.format.holds(value));
         let start = self.block_range(block).start;
         let head_dim = self.kv_dim / self.kv_heads;
         for h in 0..self.kv_heads {
             let at = start + (h * self.block_size + row) * head_dim;
             let part = h * head_dim..(h + 1) * head_dim;
-            self.keys[layer][at..at + head_dim].copy_from_slice(&key[part.clone()]);
-            self.values[layer][at..at + head_dim].copy_from_slice(&value[part]);
+            match self.format {
+                KvFormat::F32 => {
+                    self.keys[layer][at..at + head_dim].copy_from_slice(&key[part.clone()]);
+                    self.values[layer][at..at + head_dim].copy_from_slice(&value[part]);
+                }
+                KvFormat::F16 => {
+                    let (keys, values) = (
+                        &mut halves_mut(&mut self.keys[layer])[at..at + head_dim],
+                        &mut halves_mut(&mut self.values[layer])[at..at + head_dim],
+                    );
+                    for (d, &x) in keys.iter_mut().zip(&key[part.clone()]) {
+                        *d = crate::model::kv_format::to_f16(x);
+                    }
+                    for (d, &x) in values.iter_mut().zip(&value[part]) {
+                        *d = crate::model::kv_format::to_f16(x);
+                    }
+                }
+            }
         }
     }
 
     /// The `block_size * kv_dim` keys of `block` in `layer` (`[kv_heads, block_size,
-    /// head_dim]`).
-    pub fn keys(&self, layer: usize, block: BlockId) -> &[f32] {
-        &self.keys[layer][self.block_range(block)]
+    /// head_dim]`) of an f32 pool, widened from an f16 one.
+    pub fn keys(&self, layer: usize, block: BlockId) -> std::borrow::Cow<'_, [f32]> {
+        self.widened(&self.keys[layer], block)
     }
 
     /// The `block_size * kv_dim` values of `block` in `layer`, laid out as the keys.
-    pub fn values(&self, layer: usize, block: BlockId) -> &[f32] {
-        &self.values[layer][self.block_range(block)]
+    pub fn values(&self, layer: usize, block: BlockId) -> std::borrow::Cow<'_, [f32]> {
+        self.widened(&self.values[layer], block)
     }
+
+    fn widened<'a>(&self, buf: &'a [f32], block: BlockId) -> std::borrow::Cow<'a, [f32]> {
+        let range = self.block_range(block);
+        match self.format {
+            KvFormat::F32 => std::borrow::Cow::Borrowed(&buf[range]),
+            KvFormat::F16 => halves(buf)[range].iter().map(|h| h.to_f32()).collect(),
+        }
+    }
+
+    /// Block `block`'s keys and values of `layer` as stored, for attention.
+    pub fn block_chunk(&self, layer: usize, block: BlockId) -> StoredBlock<'_> {
+        let range = self.block_range(block);
+        let (k, v) = (&self.keys[layer], &self.values[layer]);
+        match self.format {
+            KvFormat::F32 => StoredBlock::F32(&k[range.clone()], &v[range]),
+            KvFormat::F16 => StoredBlock::F16(&halves(k)[range.clone()], &halves(v)[range]),
+        }
+    }
+}
+
+/// One block's keys and values of one layer, in the pool's format.
+#[derive(Debug, Clone, Copy)]
+pub enum StoredBlock<'a> {
+    F32(&'a [f32], &'a [f32]),
+    F16(&'a [f16], &'a [f16]),
+}
+
+/// An f16 pool's buffer as the f16s it holds.
+fn halves(words: &[f32]) -> &[f16] {
+    // SAFETY: the same bytes, read as twice as many f16s: f16's size is half of f32's,
+    // its alignment (2) divides f32's (4), and every bit pattern is a valid f16.
+    unsafe { std::slice::from_raw_parts(words.as_ptr() as *const f16, words.len() * 2) }
+}
+
+/// [`halves`], writable.
+fn halves_mut(words: &mut [f32]) -> &mut [f16] {
+    // SAFETY: as in `halves`; the borrow of `words` is exclusive for the result's life.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr() as *mut f16, words.len() * 2) }
 }
 
 /// Writes the f32 at `p` with the value it holds: one write access, which faults a
@@ -340,5 +435,55 @@ unsafe fn touch_page(p: *mut f32) {
     // SAFETY: as the caller promises; volatile, so neither access is dropped.
     unsafe {
         p.write_volatile(p.read_volatile());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pool of `format` with 4 blocks of 2 rows, 2 layers, 2 heads of 2.
+    fn pool(format: KvFormat) -> KvStorage {
+        let bytes = KvStorage::block_bytes(2, 2, 4, format).unwrap();
+        let config = KvConfig {
+            block_size: 2,
+            budget_bytes: 4 * bytes,
+            format,
+        };
+        KvStorage::with_heads(config, 2, 4, 2).unwrap()
+    }
+
+    #[test]
+    fn an_f16_pool_holds_half_the_bytes_and_gives_back_what_was_written() {
+        let (wide, narrow) = (pool(KvFormat::F32), pool(KvFormat::F16));
+        assert_eq!(wide.num_blocks(), 4);
+        assert_eq!(narrow.bytes_per_token() * 2, wide.bytes_per_token());
+        for mut s in [wide, narrow] {
+            // Values f16 holds exactly, as the model hands them to an f16 pool.
+            let (key, value) = ([1.5, -2.0, 0.25, 65504.0], [3.0, 0.5, -0.125, 7.0]);
+            s.write_row(1, BlockId::new(2), 1, &key, &value);
+            // Head-major: head 0's rows, then head 1's.
+            assert_eq!(
+                &s.keys(1, BlockId::new(2))[..],
+                &[0.0, 0.0, 1.5, -2.0, 0.0, 0.0, 0.25, 65504.0]
+            );
+            assert_eq!(
+                &s.values(1, BlockId::new(2))[..],
+                &[0.0, 0.0, 3.0, 0.5, 0.0, 0.0, -0.125, 7.0]
+            );
+            s.copy_block(BlockId::new(2), BlockId::new(3), 2);
+            assert_eq!(s.keys(1, BlockId::new(3)), s.keys(1, BlockId::new(2)));
+            assert_eq!(s.values(1, BlockId::new(3)), s.values(1, BlockId::new(2)));
+            // Other layers and blocks untouched.
+            assert!(s.keys(0, BlockId::new(2)).iter().all(|&x| x == 0.0));
+            assert!(s.keys(1, BlockId::new(1)).iter().all(|&x| x == 0.0));
+            match s.block_chunk(1, BlockId::new(2)) {
+                StoredBlock::F32(k, _) => assert_eq!(s.format(), KvFormat::F32, "{k:?}"),
+                StoredBlock::F16(k, _) => {
+                    assert_eq!(s.format(), KvFormat::F16);
+                    assert_eq!(k[2].to_f32(), 1.5);
+                }
+            }
+        }
     }
 }

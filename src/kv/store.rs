@@ -8,7 +8,8 @@
 
 use super::cache::KvCache;
 use super::ids::SeqId;
-use crate::model::{KvChunk, KvStore, ModelError};
+use super::storage::StoredBlock;
+use crate::model::{KvChunk, KvChunks, KvStore, ModelError};
 
 impl KvStore for KvCache {
     fn store(
@@ -22,11 +23,30 @@ impl KvStore for KvCache {
         Ok(self.write(SeqId::from_slot(slot), layer, position, key, value)?)
     }
 
-    fn chunks(&self, layer: usize, slot: usize, len: usize) -> Vec<KvChunk<'_>> {
+    fn chunks(&self, layer: usize, slot: usize, len: usize) -> KvChunks<'_> {
         let heads = self.kv_heads();
-        self.read_blocks(SeqId::from_slot(slot), layer, len)
-            .into_iter()
-            .map(|(keys, values)| KvChunk::head_major(keys, values, heads))
-            .collect()
+        let blocks = self.read_blocks(SeqId::from_slot(slot), layer, len);
+        // One format per pool: every block is of the first's kind.
+        if let Some(StoredBlock::F16(..)) = blocks.first() {
+            KvChunks::F16(
+                blocks
+                    .into_iter()
+                    .filter_map(|b| match b {
+                        StoredBlock::F16(k, v) => Some(KvChunk::head_major(k, v, heads)),
+                        StoredBlock::F32(..) => None,
+                    })
+                    .collect(),
+            )
+        } else {
+            KvChunks::F32(
+                blocks
+                    .into_iter()
+                    .filter_map(|b| match b {
+                        StoredBlock::F32(k, v) => Some(KvChunk::head_major(k, v, heads)),
+                        StoredBlock::F16(..) => None,
+                    })
+                    .collect(),
+            )
+        }
     }
 }

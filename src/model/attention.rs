@@ -5,24 +5,76 @@
 //! them back as a list of contiguous runs ([`KvChunk`]). A paged store returns one run
 //! per block, a dense one a single run, and the kernel never concatenates a cache.
 
-use super::error::ModelError;
-use super::kernels::{dot_rows_heads, exp_in_place, max_of, weighted_sum_heads, RowRuns};
+use half::f16;
 
-/// A contiguous run of cached positions' keys and values, `kv_dim` floats a position,
-/// laid out either as plain rows (all KV heads of a position side by side: `heads`
-/// is 1) or head after head (`[heads, rows, head_dim]`: one KV head's rows contiguous,
-/// the paged cache's blocks). Values are laid out as the keys.
-#[derive(Debug, Clone, Copy)]
-pub struct KvChunk<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
+use super::error::ModelError;
+use super::kernels::{
+    dot_rows_heads, exp_in_place, max_of, weighted_sum_heads, KvElem, RowRuns, Rows,
+};
+
+/// A contiguous run of cached positions' keys and values, `kv_dim` values a position
+/// (`f32`, or `f16` from a store that keeps them in half precision, see
+/// [`super::KvFormat`]), laid out either as plain rows (all KV heads of a position side
+/// by side: `heads` is 1) or head after head (`[heads, rows, head_dim]`: one KV head's
+/// rows contiguous, the paged cache's blocks). Values are laid out as the keys.
+#[derive(Debug)]
+pub struct KvChunk<'a, T = f32> {
+    pub keys: &'a [T],
+    pub values: &'a [T],
     /// 1 for plain rows, else the number of KV heads stored one after the other.
     pub heads: usize,
 }
 
-impl<'a> KvChunk<'a> {
+// By hand: a derive would ask `T: Copy`, and a chunk copies only references.
+impl<T> Clone for KvChunk<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for KvChunk<'_, T> {}
+
+/// The runs holding one sequence's cached positions of one layer, in the store's
+/// number format.
+#[derive(Debug)]
+pub enum KvChunks<'a> {
+    F32(Vec<KvChunk<'a, f32>>),
+    F16(Vec<KvChunk<'a, f16>>),
+}
+
+impl<'a> KvChunks<'a> {
+    /// Runs in the list.
+    pub fn len(&self) -> usize {
+        match self {
+            KvChunks::F32(c) => c.len(),
+            KvChunks::F16(c) => c.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The runs of an f32 store, `None` from an f16 one.
+    pub fn into_f32(self) -> Option<Vec<KvChunk<'a, f32>>> {
+        match self {
+            KvChunks::F32(c) => Some(c),
+            KvChunks::F16(_) => None,
+        }
+    }
+
+    /// The runs of an f16 store, `None` from an f32 one.
+    pub fn into_f16(self) -> Option<Vec<KvChunk<'a, f16>>> {
+        match self {
+            KvChunks::F16(c) => Some(c),
+            KvChunks::F32(_) => None,
+        }
+    }
+}
+
+impl<'a, T> KvChunk<'a, T> {
     /// Plain rows of `kv_dim`.
-    pub fn rows(keys: &'a [f32], values: &'a [f32]) -> Self {
+    pub fn rows(keys: &'a [T], values: &'a [T]) -> Self {
         KvChunk {
             keys,
             values,
@@ -31,7 +83,7 @@ impl<'a> KvChunk<'a> {
     }
 
     /// `[heads, rows, head_dim]`.
-    pub fn head_major(keys: &'a [f32], values: &'a [f32], heads: usize) -> Self {
+    pub fn head_major(keys: &'a [T], values: &'a [T], heads: usize) -> Self {
         KvChunk {
             keys,
             values,
@@ -48,11 +100,11 @@ impl<'a> KvChunk<'a> {
     /// how far apart its rows lie: `head_dim` when head-major, `kv_dim` for plain rows.
     fn head_start(
         &self,
-        data: &'a [f32],
+        data: &'a [T],
         h: usize,
         kv_dim: usize,
         head_dim: usize,
-    ) -> (&'a [f32], usize) {
+    ) -> (&'a [T], usize) {
         if self.heads == 1 {
             (&data[h * head_dim..], kv_dim)
         } else {
@@ -63,12 +115,12 @@ impl<'a> KvChunk<'a> {
     /// The first `rows` rows of KV head `h` in `data`, `head_dim` wide each.
     fn head_rows(
         &self,
-        data: &'a [f32],
+        data: &'a [T],
         h: usize,
         rows: usize,
         kv_dim: usize,
         head_dim: usize,
-    ) -> impl Iterator<Item = &'a [f32]> {
+    ) -> impl Iterator<Item = &'a [T]> {
         let (start, stride) = self.head_start(data, h, kv_dim, head_dim);
         start
             .chunks(stride)
@@ -93,7 +145,10 @@ pub trait KvStore: Sync {
 
     /// The runs that together hold positions `0..len` of `slot` in `layer`, in order.
     /// Runs may hold more rows than needed at the end; the kernel reads only `len`.
-    fn chunks(&self, layer: usize, slot: usize, len: usize) -> Vec<KvChunk<'_>>;
+    /// A store keeping K/V in f16 must only be handed values f16 holds exactly (the
+    /// model rounds them first under [`super::KvFormat::F16`]), so both formats give
+    /// attention the same values.
+    fn chunks(&self, layer: usize, slot: usize, len: usize) -> KvChunks<'_>;
 }
 
 /// Where one sequence's new tokens sit in a flattened batch.
@@ -117,7 +172,13 @@ pub struct AttentionShape {
 
 /// One sequence's cached key rows and value rows of one KV head (`head_dim` each), in
 /// position order.
-type HeadRows<'a> = (RowRuns<'a>, RowRuns<'a>);
+type HeadRows<'a, T> = (RowRuns<'a, T>, RowRuns<'a, T>);
+
+/// One sequence's [`HeadRows`] per KV head, in its store's number format.
+enum SeqRows<'a> {
+    F32(Vec<HeadRows<'a, f32>>),
+    F16(Vec<HeadRows<'a, f16>>),
+}
 
 /// Below this many (token, KV head) items, a plan makes one item per query head (see
 /// [`AttentionPlan`]): a single token's 3 KV heads split 2 / 1 over two threads.
@@ -159,7 +220,7 @@ pub struct AttentionPlan<'a> {
     /// Per sequence, per KV head: its cached positions' key rows and value rows
     /// (`head_dim` wide), in order, flattened from the store's runs once per layer
     /// rather than per item.
-    seq_rows: Vec<Vec<HeadRows<'a>>>,
+    seq_rows: Vec<SeqRows<'a>>,
     /// The items in the order they run: (token row, first query head).
     items: Vec<(u32, u32)>,
     /// `cost_before[k]`: the cost of items `0..k` (keys read, plus an overhead each).
@@ -181,19 +242,18 @@ impl<'a> AttentionPlan<'a> {
         let mut run_starts: Vec<Vec<usize>> = Vec::with_capacity(spans.len());
         for (s, span) in spans.iter().enumerate() {
             let len = span.start + span.len;
-            let chunks = store.chunks(layer, span.slot, len);
-            for chunk in &chunks {
-                // A head-major run must hold exactly the model's KV heads, or rows
-                // would be read from the wrong place.
-                assert!(
-                    chunk.heads == 1 || chunk.heads == shape.num_kv_heads,
-                    "a KV run of {} heads for a model of {}",
-                    chunk.heads,
-                    shape.num_kv_heads
-                );
-            }
-            run_starts.push(chunks.iter().map(|c| c.keys.as_ptr() as usize).collect());
-            seq_rows.push(head_rows(&chunks, len, kv_dim, shape));
+            let (starts, rows) = match store.chunks(layer, span.slot, len) {
+                KvChunks::F32(chunks) => (
+                    run_addresses(&chunks, shape),
+                    SeqRows::F32(head_rows(&chunks, len, kv_dim, shape)),
+                ),
+                KvChunks::F16(chunks) => (
+                    run_addresses(&chunks, shape),
+                    SeqRows::F16(head_rows(&chunks, len, kv_dim, shape)),
+                ),
+            };
+            run_starts.push(starts);
+            seq_rows.push(rows);
             for i in 0..span.len {
                 row_info.push((s, span.start + i));
             }
@@ -299,40 +359,81 @@ impl<'a> AttentionPlan<'a> {
         let (s, position) = self.row_info[row];
         let qs = &q[row * q_dim + first_head * head_dim..][..heads * head_dim];
         let n = position + 1;
-        let (k_rows, v_rows) = &self.seq_rows[s][kv_head];
-        let (k_rows, v_rows) = (k_rows.view(n), v_rows.view(n));
-        // scores[h * n + j]: the item's head h against position j. The item's heads
-        // share their KV head, so each key and value row is read once for all of them.
-        let mut scores = vec![0f32; heads * n];
-        dot_rows_heads(qs, heads, k_rows, &mut scores);
-        for v in scores.iter_mut() {
-            *v *= scale;
-        }
-        for sc in scores.chunks_exact_mut(n) {
-            let max = max_of(sc);
-            for v in sc.iter_mut() {
-                *v -= max;
+        match &self.seq_rows[s] {
+            SeqRows::F32(rows) => {
+                let (k_rows, v_rows) = &rows[kv_head];
+                attend_rows(qs, heads, k_rows.view(n), v_rows.view(n), scale, out);
             }
-            exp_in_place(sc);
-        }
-        let mut sums = [0f32; MAX_SUM_CHAINS];
-        for (h0, sc) in (0..heads)
-            .step_by(MAX_SUM_CHAINS)
-            .zip(scores.chunks_mut(MAX_SUM_CHAINS * n))
-        {
-            let k = (heads - h0).min(MAX_SUM_CHAINS);
-            sequential_sums(sc, n, &mut sums[..k]);
-            for (sc, &sum) in sc.chunks_exact_mut(n).zip(&sums[..k]) {
-                let inv = 1.0 / sum;
-                // Each probability times the normaliser once here, the product the
-                // value sum would otherwise form for every 32 lanes of the head.
-                for v in sc.iter_mut() {
-                    *v *= inv;
-                }
+            SeqRows::F16(rows) => {
+                let (k_rows, v_rows) = &rows[kv_head];
+                attend_rows(qs, heads, k_rows.view(n), v_rows.view(n), scale, out);
             }
         }
-        weighted_sum_heads(v_rows, heads, &scores, out);
     }
+}
+
+/// The run starts of `chunks` (equal prefixes of two sequences' lists are shared
+/// cached blocks), checking that head-major runs hold exactly the model's KV heads.
+fn run_addresses<T>(chunks: &[KvChunk<'_, T>], shape: AttentionShape) -> Vec<usize> {
+    chunks
+        .iter()
+        .map(|chunk| {
+            // A head-major run must hold exactly the model's KV heads, or rows would
+            // be read from the wrong place.
+            assert!(
+                chunk.heads == 1 || chunk.heads == shape.num_kv_heads,
+                "a KV run of {} heads for a model of {}",
+                chunk.heads,
+                shape.num_kv_heads
+            );
+            chunk.keys.as_ptr() as usize
+        })
+        .collect()
+}
+
+/// One item's attention: `heads` queries (`qs`, one KV group's, side by side) against
+/// `n` key rows and value rows (f32, or f16 widened as the loops load them: the same
+/// values give the same results), into `out` (zero on entry).
+fn attend_rows<T: KvElem>(
+    qs: &[f32],
+    heads: usize,
+    k_rows: Rows<T>,
+    v_rows: Rows<T>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let n = k_rows.len();
+    // scores[h * n + j]: the item's head h against position j. The item's heads
+    // share their KV head, so each key and value row is read once for all of them.
+    let mut scores = vec![0f32; heads * n];
+    dot_rows_heads(qs, heads, k_rows, &mut scores);
+    for v in scores.iter_mut() {
+        *v *= scale;
+    }
+    for sc in scores.chunks_exact_mut(n) {
+        let max = max_of(sc);
+        for v in sc.iter_mut() {
+            *v -= max;
+        }
+        exp_in_place(sc);
+    }
+    let mut sums = [0f32; MAX_SUM_CHAINS];
+    for (h0, sc) in (0..heads)
+        .step_by(MAX_SUM_CHAINS)
+        .zip(scores.chunks_mut(MAX_SUM_CHAINS * n))
+    {
+        let k = (heads - h0).min(MAX_SUM_CHAINS);
+        sequential_sums(sc, n, &mut sums[..k]);
+        for (sc, &sum) in sc.chunks_exact_mut(n).zip(&sums[..k]) {
+            let inv = 1.0 / sum;
+            // Each probability times the normaliser once here, the product the
+            // value sum would otherwise form for every 32 lanes of the head.
+            for v in sc.iter_mut() {
+                *v *= inv;
+            }
+        }
+    }
+    weighted_sum_heads(v_rows, heads, &scores, out);
 }
 
 /// Most heads whose softmax sums [`sequential_sums`] runs side by side.
@@ -365,12 +466,12 @@ fn sequential_sums(rows: &[f32], n: usize, sums: &mut [f32]) {
 /// per chunk when the chunks are evenly sized (a power of two of positions each but
 /// the last, as the paged cache's blocks and a dense store's single buffer are), else
 /// (a store with ragged runs) one per row.
-fn head_rows<'a>(
-    chunks: &[KvChunk<'a>],
+fn head_rows<'a, T>(
+    chunks: &[KvChunk<'a, T>],
     len: usize,
     kv_dim: usize,
     shape: AttentionShape,
-) -> Vec<HeadRows<'a>> {
+) -> Vec<HeadRows<'a, T>> {
     let head_dim = shape.head_dim;
     let per_run = even_runs(chunks, len, kv_dim);
     (0..shape.num_kv_heads)
@@ -414,7 +515,7 @@ fn head_rows<'a>(
 /// Positions per run when `chunks` are even enough to name positions `0..len` by run
 /// and offset: the runs they need all lay out heads alike, and all but the last hold
 /// the same number of positions, a power of two (any number for a single run).
-fn even_runs(chunks: &[KvChunk], len: usize, kv_dim: usize) -> Option<usize> {
+fn even_runs<T>(chunks: &[KvChunk<'_, T>], len: usize, kv_dim: usize) -> Option<usize> {
     let first = chunks.first()?;
     let size = first.positions(kv_dim).max(1);
     let needed = len.div_ceil(size).max(1);
@@ -508,10 +609,10 @@ impl KvStore for DenseKvStore {
         Ok(())
     }
 
-    fn chunks(&self, layer: usize, slot: usize, _len: usize) -> Vec<KvChunk<'_>> {
-        match self.seqs.get(slot).and_then(|l| l.get(layer)) {
+    fn chunks(&self, layer: usize, slot: usize, _len: usize) -> KvChunks<'_> {
+        KvChunks::F32(match self.seqs.get(slot).and_then(|l| l.get(layer)) {
             Some((k, v)) => vec![KvChunk::rows(k, v)],
             None => Vec::new(),
-        }
+        })
     }
 }

@@ -84,6 +84,8 @@ pub struct Model {
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: Linear,
     pub(crate) rope: Rope,
+    /// What keys and values are rounded to before they are stored.
+    pub(crate) kv_format: super::KvFormat,
 }
 
 impl Model {
@@ -178,8 +180,12 @@ impl Model {
                         unsafe {
                             self.rope
                                 .rotate(qs.get_mut(r * q_dim..(r + 1) * q_dim), &angles[r]);
-                            self.rope
-                                .rotate(ks.get_mut(r * kv_dim..(r + 1) * kv_dim), &angles[r]);
+                            let key = ks.get_mut(r * kv_dim..(r + 1) * kv_dim);
+                            self.rope.rotate(key, &angles[r]);
+                            // Every store then holds the same values (`kv_format`).
+                            self.kv_format.round(key);
+                            self.kv_format
+                                .round(vs.get_mut(r * kv_dim..(r + 1) * kv_dim));
                         }
                     }
                 });

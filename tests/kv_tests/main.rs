@@ -22,6 +22,7 @@ fn cache(block_size: usize, blocks: usize) -> KvCache {
         KvConfig {
             block_size,
             budget_bytes: bytes * blocks + bytes / 2,
+            format: treegrpo::model::KvFormat::F32,
         },
         LAYERS,
         KV_DIM,
@@ -73,7 +74,10 @@ fn extend(c: &mut KvCache, seq: SeqId, tokens: &[u32], tag: u32) {
 
 /// Key and value of `position` as attention sees them (through `KvStore::chunks`).
 fn read(c: &KvCache, seq: SeqId, layer: usize, position: usize) -> (Vec<f32>, Vec<f32>) {
-    let chunks = c.chunks(layer, seq.slot(), position + 1);
+    let chunks = c
+        .chunks(layer, seq.slot(), position + 1)
+        .into_f32()
+        .unwrap();
     let bs = c.block_size();
     assert_eq!(chunks.len(), position / bs + 1);
     for ch in &chunks {

@@ -312,7 +312,8 @@ fn pools_are_sized_from_the_budget() {
         KvCache::new(
             KvConfig {
                 block_size: 0,
-                budget_bytes: 1 << 20
+                budget_bytes: 1 << 20,
+                format: treegrpo::model::KvFormat::F32,
             },
             2,
             8

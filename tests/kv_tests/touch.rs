@@ -24,6 +24,7 @@ fn pool_of_48_blocks() -> KvCache {
         KvConfig {
             block_size: ROWS,
             budget_bytes: 48 * bytes,
+            format: treegrpo::model::KvFormat::F32,
         },
         DEPTH,
         WIDTH,
@@ -64,7 +65,7 @@ fn touching_ahead_keeps_the_frontier_ahead_and_changes_no_value() {
         "the last frontier is the pool's end"
     );
     for layer in 0..DEPTH {
-        let chunks = c.chunks(layer, s.slot(), 40 * ROWS);
+        let chunks = c.chunks(layer, s.slot(), 40 * ROWS).into_f32().unwrap();
         assert_eq!(chunks.len(), 40);
         for (b, ch) in chunks.iter().enumerate() {
             let last = (ROWS - 1) * WIDTH;

@@ -2,6 +2,7 @@
 //! [`KvStore`](crate::model::KvStore) and what attention reads back, block by block.
 
 use super::KvCache;
+use crate::kv::storage::StoredBlock;
 use crate::kv::table::{blocks_for, BlockTable};
 use crate::kv::{KvError, SeqId};
 
@@ -59,7 +60,7 @@ impl KvCache {
 
     /// The blocks holding positions `0..len` of `seq` in `layer` (whole blocks: the last
     /// may hold more rows than `len` needs). Empty for an unknown sequence or layer.
-    pub fn read_blocks(&self, seq: SeqId, layer: usize, len: usize) -> Vec<(&[f32], &[f32])> {
+    pub fn read_blocks(&self, seq: SeqId, layer: usize, len: usize) -> Vec<StoredBlock<'_>> {
         let Some(st) = self.seqs.get(&seq) else {
             return Vec::new();
         };
@@ -71,7 +72,7 @@ impl KvCache {
         let chain = self.segments.chain(st.frozen);
         let frozen = chain.iter().flat_map(|&id| &self.segments.get(id).blocks);
         for &b in frozen.chain(&st.blocks).take(n) {
-            out.push((self.storage.keys(layer, b), self.storage.values(layer, b)));
+            out.push(self.storage.block_chunk(layer, b));
         }
         out
     }

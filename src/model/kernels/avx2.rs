@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::kv_elem::{self, KvElem};
 use super::row_runs::Rows;
 use super::tile::Lanes;
 
@@ -185,9 +186,9 @@ unsafe fn q8_8(at: *const u8, d: __m256) -> __m256 {
 ///
 /// # Safety
 /// As [`dot_rows_heads`] with one head.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
-    dot_rows_heads(q, 1, rows, offset, out)
+    dot_rows_heads::<f32>(q, 1, rows, offset, out)
 }
 
 /// [`super::rows::dot_fixed`] of `heads` queries (`qs`: `heads × dim`, grouped-query
@@ -202,11 +203,11 @@ pub(super) unsafe fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f
 /// # Safety
 /// The CPU supports AVX2 and FMA; `qs.len() == heads * dim` with `dim` a multiple of
 /// 16, every row holds `offset + dim` values; `out.len() == heads * rows.len()`.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn dot_rows_heads(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_rows_heads<T: KvElem>(
     qs: &[f32],
     heads: usize,
-    rows: Rows,
+    rows: Rows<T>,
     offset: usize,
     out: &mut [f32],
 ) {
@@ -214,9 +215,9 @@ pub(super) unsafe fn dot_rows_heads(
     let chunks = dim / 16;
     let mut j = 0;
     while j + 4 <= n {
-        let p: [*const f32; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
+        let p: [*const T; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
         for ahead in (j + super::rows::PREFETCH_ROWS..n).take(4) {
-            super::rows::prefetch_span(rows.ptr(ahead).add(offset), dim);
+            kv_elem::prefetch(rows.ptr(ahead).add(offset), dim);
         }
         for h in 0..heads {
             let qp = qs.as_ptr().add(h * dim);
@@ -228,8 +229,8 @@ pub(super) unsafe fn dot_rows_heads(
                     _mm256_loadu_ps(qp.add(16 * c + 8)),
                 );
                 for i in 0..4 {
-                    lo[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(p[i].add(16 * c)), lo[i]);
-                    hi[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(p[i].add(16 * c + 8)), hi[i]);
+                    lo[i] = _mm256_fmadd_ps(q0, kv_elem::m256(p[i].add(16 * c)), lo[i]);
+                    hi[i] = _mm256_fmadd_ps(q1, kv_elem::m256(p[i].add(16 * c + 8)), hi[i]);
                 }
             }
             // 16 → 8: lane l += lane l + 8.
@@ -250,18 +251,18 @@ pub(super) const MAX_SUM_HEADS: usize = 3;
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; shapes as `rows::weighted_sum_heads` asks.
-#[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn weighted_sum_heads(
-    rows: Rows,
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn weighted_sum_heads<T: KvElem>(
+    rows: Rows<T>,
     heads: usize,
     weights: &[f32],
     out: &mut [f32],
 ) {
     use super::rows::weighted_sum_heads as sum;
     match heads {
-        1 => sum::<Avx2, 1, 2>(rows, weights, out),
-        2 => sum::<Avx2, 2, 2>(rows, weights, out),
-        3 => sum::<Avx2, 3, 2>(rows, weights, out),
+        1 => sum::<Avx2, T, 1, 2>(rows, weights, out),
+        2 => sum::<Avx2, T, 2, 2>(rows, weights, out),
+        3 => sum::<Avx2, T, 3, 2>(rows, weights, out),
         h => unreachable!("{h} heads at once"),
     }
 }

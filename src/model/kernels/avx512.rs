@@ -2,6 +2,7 @@
 
 use std::arch::x86_64::*;
 
+use super::kv_elem::{self, KvElem};
 use super::row_runs::Rows;
 use super::tile::Lanes;
 
@@ -84,7 +85,7 @@ impl Lanes for Avx512 {
 /// holds `offset + q.len()` values; `out.len() == rows.len()`.
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub(super) unsafe fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
-    dot_rows_heads::<1>(q, rows, offset, out)
+    dot_rows_heads::<1, f32>(q, rows, offset, out)
 }
 
 /// Most query heads [`dot_rows_heads`] takes at once: four heads' accumulators, four
@@ -103,9 +104,9 @@ pub(super) const MAX_SCORE_HEADS: usize = 4;
 /// The CPU supports AVX-512F and AVX2; `qs.len() == H * dim` with `dim` a multiple of
 /// 16, every row holds `offset + dim` values; `out.len() == H * rows.len()`.
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub(super) unsafe fn dot_rows_heads<const H: usize>(
+pub(super) unsafe fn dot_rows_heads<const H: usize, T: KvElem>(
     qs: &[f32],
-    rows: Rows,
+    rows: Rows<T>,
     offset: usize,
     out: &mut [f32],
 ) {
@@ -114,13 +115,13 @@ pub(super) unsafe fn dot_rows_heads<const H: usize>(
     let qp = qs.as_ptr();
     let mut j = 0;
     while j + 4 <= n {
-        let p: [*const f32; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
+        let p: [*const T; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
         for ahead in (j + super::rows::PREFETCH_ROWS..n).take(4) {
-            super::rows::prefetch_span(rows.ptr(ahead).add(offset), dim);
+            kv_elem::prefetch(rows.ptr(ahead).add(offset), dim);
         }
         let mut acc = [[_mm512_setzero_ps(); 4]; H];
         for c in 0..chunks {
-            let k: [__m512; 4] = std::array::from_fn(|i| _mm512_loadu_ps(p[i].add(16 * c)));
+            let k: [__m512; 4] = std::array::from_fn(|i| kv_elem::m512(p[i].add(16 * c)));
             for (h, acc_h) in acc.iter_mut().enumerate() {
                 let qc = _mm512_loadu_ps(qp.add(h * dim + 16 * c));
                 for i in 0..4 {
@@ -152,18 +153,18 @@ pub(super) const MAX_SUM_HEADS: usize = 4;
 /// # Safety
 /// The CPU supports AVX-512F; shapes as `rows::weighted_sum_heads` asks.
 #[target_feature(enable = "avx512f")]
-pub(super) unsafe fn weighted_sum_heads(
-    rows: Rows,
+pub(super) unsafe fn weighted_sum_heads<T: KvElem>(
+    rows: Rows<T>,
     heads: usize,
     weights: &[f32],
     out: &mut [f32],
 ) {
     use super::rows::weighted_sum_heads as sum;
     match heads {
-        1 => sum::<Avx512, 1, 4>(rows, weights, out),
-        2 => sum::<Avx512, 2, 4>(rows, weights, out),
-        3 => sum::<Avx512, 3, 4>(rows, weights, out),
-        4 => sum::<Avx512, 4, 4>(rows, weights, out),
+        1 => sum::<Avx512, T, 1, 4>(rows, weights, out),
+        2 => sum::<Avx512, T, 2, 4>(rows, weights, out),
+        3 => sum::<Avx512, T, 3, 4>(rows, weights, out),
+        4 => sum::<Avx512, T, 4, 4>(rows, weights, out),
         h => unreachable!("{h} heads at once"),
     }
 }

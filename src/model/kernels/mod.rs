@@ -39,6 +39,7 @@ mod exp_f64;
 pub mod int8;
 #[cfg(target_arch = "x86_64")]
 mod int8_vnni;
+pub mod kv_elem;
 pub mod packed;
 pub mod row_runs;
 pub mod rows;
@@ -54,6 +55,7 @@ use rayon::prelude::*;
 pub use exp::{exp_in_place, exp_in_place_with};
 pub use exp_f64::{exp_f64_in_place, exp_f64_in_place_with};
 pub use int8::Int8Matrix;
+pub use kv_elem::KvElem;
 pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
 pub use row_runs::{RowRuns, Rows};
 pub use rows::{dot_fixed, max_of};
@@ -400,7 +402,10 @@ pub fn dot_rows(q: &[f32], rows: Rows, offset: usize, out: &mut [f32]) {
 /// # Panics
 /// If `qs` is not `heads` queries, `out` is not `heads × rows.len()`, or a row is
 /// shorter than a query.
-pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
+///
+/// Rows may be f16 ([`KvElem`]): each value widens exactly as it is loaded, so f16 rows
+/// give what f32 rows of the same values give.
+pub fn dot_rows_heads<T: KvElem>(qs: &[f32], heads: usize, rows: Rows<T>, out: &mut [f32]) {
     assert!(
         heads > 0 && qs.len().is_multiple_of(heads),
         "{heads} heads in {} values",
@@ -420,10 +425,10 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
             // SAFETY: the CPU runs AVX-512F and AVX2 (checked); shapes asserted above.
             unsafe {
                 match h {
-                    1 => avx512::dot_rows_heads::<1>(q, rows, 0, o),
-                    2 => avx512::dot_rows_heads::<2>(q, rows, 0, o),
-                    3 => avx512::dot_rows_heads::<3>(q, rows, 0, o),
-                    _ => avx512::dot_rows_heads::<4>(q, rows, 0, o),
+                    1 => avx512::dot_rows_heads::<1, T>(q, rows, 0, o),
+                    2 => avx512::dot_rows_heads::<2, T>(q, rows, 0, o),
+                    3 => avx512::dot_rows_heads::<3, T>(q, rows, 0, o),
+                    _ => avx512::dot_rows_heads::<4, T>(q, rows, 0, o),
                 }
             }
             h0 += h;
@@ -437,9 +442,8 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
         unsafe { avx2::dot_rows_heads(qs, heads, rows, 0, out) };
         return;
     }
-    for (q, o) in qs.chunks_exact(dim).zip(out.chunks_exact_mut(n.max(1))) {
-        dot_rows(q, rows, 0, &mut o[..n]);
-    }
+    // The plain loop `dot_rows` runs where neither vector loop applies.
+    rows::dot_rows_tail(qs, heads, rows, 0, 0, out);
 }
 
 /// [`weighted_sum`] for `heads` heads over the same value rows, each weight already
@@ -452,18 +456,25 @@ pub fn dot_rows_heads(qs: &[f32], heads: usize, rows: Rows, out: &mut [f32]) {
 /// # Panics
 /// If `heads` is 0, `weights` is not `heads × rows.len()`, `out` is not `heads` equal
 /// widths, or a row is shorter than a width.
-pub fn weighted_sum_heads(rows: Rows, heads: usize, weights: &[f32], out: &mut [f32]) {
+///
+/// Rows may be f16, as in [`dot_rows_heads`].
+pub fn weighted_sum_heads<T: KvElem>(
+    rows: Rows<T>,
+    heads: usize,
+    weights: &[f32],
+    out: &mut [f32],
+) {
     let n = rows.len();
     assert!(heads > 0 && out.len().is_multiple_of(heads) && weights.len() == heads * n);
     let width = out.len() / heads;
     assert!(rows.width() >= width);
     // The grouped loop of the active variant and how many heads it takes at once.
-    type Grouped = unsafe fn(Rows, usize, &[f32], &mut [f32]);
-    let grouped: Option<(Grouped, usize)> = match Isa::active() {
+    type Grouped<T> = unsafe fn(Rows<T>, usize, &[f32], &mut [f32]);
+    let grouped: Option<(Grouped<T>, usize)> = match Isa::active() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => Some((avx512::weighted_sum_heads, avx512::MAX_SUM_HEADS)),
+        Isa::Avx512 => Some((avx512::weighted_sum_heads::<T>, avx512::MAX_SUM_HEADS)),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => Some((avx2::weighted_sum_heads, avx2::MAX_SUM_HEADS)),
+        Isa::Avx2 => Some((avx2::weighted_sum_heads::<T>, avx2::MAX_SUM_HEADS)),
         _ => None,
     };
     if let Some((run, most)) = grouped {
@@ -481,7 +492,10 @@ pub fn weighted_sum_heads(rows: Rows, heads: usize, weights: &[f32], out: &mut [
     }
     for (h, o) in out.chunks_exact_mut(width.max(1)).enumerate().take(heads) {
         // `p · 1` is `p`: the product `weighted_sum` forms is the weight itself.
-        weighted_sum(rows, 0, &weights[h * n..(h + 1) * n], 1.0, &mut o[..width]);
+        // SAFETY: no instruction-set requirement; bounds are asserted inside.
+        unsafe {
+            scalar::weighted_sum(rows, 0, &weights[h * n..(h + 1) * n], 1.0, &mut o[..width])
+        };
     }
 }
 

@@ -12,8 +12,8 @@
 /// Rows as runs, validated once ([`RowRuns::new`], [`RowRuns::from_rows`]); the row
 /// loops read them through a [`Rows`] view.
 #[derive(Debug, Clone, Default)]
-pub struct RowRuns<'a> {
-    runs: Vec<&'a [f32]>,
+pub struct RowRuns<'a, T = f32> {
+    runs: Vec<&'a [T]>,
     shift: u32,
     stride: usize,
     len: usize,
@@ -21,14 +21,14 @@ pub struct RowRuns<'a> {
     width: usize,
 }
 
-impl<'a> RowRuns<'a> {
+impl<'a, T> RowRuns<'a, T> {
     /// `len` rows, `rows_per_run` (a power of two) in each run but the last, `stride`
     /// floats apart within a run; each run starts at its first row.
     ///
     /// # Panics
     /// If `rows_per_run` is not a power of two, the runs hold fewer than `len` rows, or
     /// a run is too short for its rows.
-    pub fn new(runs: Vec<&'a [f32]>, rows_per_run: usize, stride: usize, len: usize) -> Self {
+    pub fn new(runs: Vec<&'a [T]>, rows_per_run: usize, stride: usize, len: usize) -> Self {
         assert!(
             rows_per_run.is_power_of_two(),
             "{rows_per_run} rows a run is not a power of two"
@@ -62,7 +62,7 @@ impl<'a> RowRuns<'a> {
     }
 
     /// One run per row (any addresses).
-    pub fn from_rows(rows: Vec<&'a [f32]>) -> Self {
+    pub fn from_rows(rows: Vec<&'a [T]>) -> Self {
         let len = rows.len();
         RowRuns::new(rows, 1, 0, len)
     }
@@ -76,7 +76,7 @@ impl<'a> RowRuns<'a> {
     }
 
     /// The first `n` rows (all of them when `n` is larger).
-    pub fn view(&self, n: usize) -> Rows<'_> {
+    pub fn view(&self, n: usize) -> Rows<'_, T> {
         Rows {
             runs: &self.runs,
             shift: self.shift,
@@ -91,9 +91,9 @@ impl<'a> RowRuns<'a> {
 
 /// A validated view of rows for the row loops: only [`RowRuns::view`] and
 /// [`Rows::from_slices`] make one, so every row `j < len()` holds `width()` floats.
-#[derive(Debug, Clone, Copy)]
-pub struct Rows<'r> {
-    runs: &'r [&'r [f32]],
+#[derive(Debug)]
+pub struct Rows<'r, T = f32> {
+    runs: &'r [&'r [T]],
     shift: u32,
     mask: usize,
     stride: usize,
@@ -101,9 +101,18 @@ pub struct Rows<'r> {
     width: usize,
 }
 
-impl<'r> Rows<'r> {
+// By hand: a derive would ask `T: Copy`, and a view copies only references.
+impl<T> Clone for Rows<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Rows<'_, T> {}
+
+impl<'r, T> Rows<'r, T> {
     /// One slice per row, as a view (its width is the shortest slice's length).
-    pub fn from_slices(rows: &'r [&'r [f32]]) -> Self {
+    pub fn from_slices(rows: &'r [&'r [T]]) -> Self {
         Rows {
             runs: rows,
             shift: 0,
@@ -131,7 +140,7 @@ impl<'r> Rows<'r> {
     ///
     /// # Panics
     /// If `j >= len()`.
-    pub fn row(&self, j: usize) -> &'r [f32] {
+    pub fn row(&self, j: usize) -> &'r [T] {
         assert!(j < self.len, "row {j} of {}", self.len);
         // SAFETY: `j < len`, and every such row holds `width` floats (see the type).
         unsafe { std::slice::from_raw_parts(self.ptr(j), self.width) }
@@ -156,7 +165,7 @@ impl<'r> Rows<'r> {
     /// # Safety
     /// `r < run_count()`.
     #[inline(always)]
-    pub(super) unsafe fn run_ptr(&self, r: usize) -> *const f32 {
+    pub(super) unsafe fn run_ptr(&self, r: usize) -> *const T {
         self.runs.get_unchecked(r).as_ptr()
     }
 
@@ -165,7 +174,7 @@ impl<'r> Rows<'r> {
     /// # Safety
     /// `j < len()`; `width()` floats may be read from it.
     #[inline(always)]
-    pub(super) unsafe fn ptr(&self, j: usize) -> *const f32 {
+    pub(super) unsafe fn ptr(&self, j: usize) -> *const T {
         self.runs
             .get_unchecked(j >> self.shift)
             .as_ptr()

@@ -4,6 +4,7 @@
 //! vector registers (written as plain Rust, LLVM kept them in memory and in scalar
 //! registers, and that loop was most of the rollout's attention time).
 
+use super::kv_elem::{self, KvElem};
 use super::row_runs::Rows;
 use super::tile::Lanes;
 use super::PANEL;
@@ -14,8 +15,8 @@ use super::PANEL;
 /// # Safety
 /// The CPU runs `L`'s instructions.
 #[inline(always)]
-pub(super) unsafe fn weighted_sum<L: Lanes>(
-    rows: Rows,
+pub(super) unsafe fn weighted_sum<L: Lanes, T: KvElem>(
+    rows: Rows<T>,
     offset: usize,
     probs: &[f32],
     scale: f32,
@@ -29,12 +30,12 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
         let mut acc = [L::zero(); 4];
         for (j, &p) in probs.iter().enumerate() {
             if j + PREFETCH_ROWS < n {
-                prefetch_span(rows.ptr(j + PREFETCH_ROWS).add(offset + d0), 4 * PANEL);
+                kv_elem::prefetch(rows.ptr(j + PREFETCH_ROWS).add(offset + d0), 4 * PANEL);
             }
             let w = L::splat(p * scale);
             let at = rows.ptr(j).add(offset + d0);
             for (c, a) in acc.iter_mut().enumerate() {
-                *a = L::mul_add_twice(w, L::load(at.add(c * PANEL)), *a);
+                *a = L::mul_add_twice(w, kv_elem::lanes::<L, T>(at.add(c * PANEL)), *a);
             }
         }
         for (c, a) in acc.iter().enumerate() {
@@ -47,7 +48,7 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
         for (j, &p) in probs.iter().enumerate() {
             acc = L::mul_add_twice(
                 L::splat(p * scale),
-                L::load(rows.ptr(j).add(offset + d0)),
+                kv_elem::lanes::<L, T>(rows.ptr(j).add(offset + d0)),
                 acc,
             );
         }
@@ -57,7 +58,7 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
     for (d, o) in out.iter_mut().enumerate().skip(d0) {
         let mut acc = 0f32;
         for (j, &p) in probs.iter().enumerate() {
-            acc += p * scale * rows.row(j)[offset + d];
+            acc += p * scale * rows.row(j)[offset + d].widen();
         }
         *o += acc;
     }
@@ -77,8 +78,8 @@ pub(super) unsafe fn weighted_sum<L: Lanes>(
 /// The CPU runs `L`'s instructions; `out.len() == H * width`, `weights.len() == H *
 /// rows.len()`, and every row holds `width` values.
 #[inline(always)]
-pub(super) unsafe fn weighted_sum_heads<L: Lanes, const H: usize, const VS: usize>(
-    rows: Rows,
+pub(super) unsafe fn weighted_sum_heads<L: Lanes, T: KvElem, const H: usize, const VS: usize>(
+    rows: Rows<T>,
     weights: &[f32],
     out: &mut [f32],
 ) {
@@ -106,10 +107,11 @@ pub(super) unsafe fn weighted_sum_heads<L: Lanes, const H: usize, const VS: usiz
             };
             for i in 0..count {
                 if i < ahead_rows {
-                    prefetch_span(ahead.add(i * stride), piece);
+                    kv_elem::prefetch(ahead.add(i * stride), piece);
                 }
                 let at = base.add(i * stride);
-                let v: [L::V; VS] = std::array::from_fn(|c| L::load(at.add(c * PANEL)));
+                let v: [L::V; VS] =
+                    std::array::from_fn(|c| kv_elem::lanes::<L, T>(at.add(c * PANEL)));
                 for (h, acc_h) in acc.iter_mut().enumerate() {
                     let wt = L::splat(*w.add(h * n + first + i));
                     for c in 0..VS {
@@ -127,7 +129,7 @@ pub(super) unsafe fn weighted_sum_heads<L: Lanes, const H: usize, const VS: usiz
     }
     if d0 < width {
         for h in 0..H {
-            weighted_sum::<L>(
+            weighted_sum::<L, T>(
                 rows,
                 d0,
                 &weights[h * n..(h + 1) * n],
@@ -140,19 +142,20 @@ pub(super) unsafe fn weighted_sum_heads<L: Lanes, const H: usize, const VS: usiz
 
 /// The rows from `from` on that the vector score loops leave (fewer than four): each
 /// head's [`dot_fixed`] with each row, head `h`'s scores at `out[h * rows.len()..]`.
-pub(super) fn dot_rows_tail(
+pub(super) fn dot_rows_tail<T: KvElem>(
     qs: &[f32],
     heads: usize,
-    rows: Rows,
+    rows: Rows<T>,
     offset: usize,
     from: usize,
     out: &mut [f32],
 ) {
     let (n, dim) = (rows.len(), qs.len() / heads);
+    let mut buf = Vec::new();
     for j in from..n {
-        let row = rows.row(j);
+        let row = T::as_f32(&rows.row(j)[offset..offset + dim], &mut buf);
         for h in 0..heads {
-            out[h * n + j] = dot_fixed(&qs[h * dim..(h + 1) * dim], &row[offset..offset + dim]);
+            out[h * n + j] = dot_fixed(&qs[h * dim..(h + 1) * dim], row);
         }
     }
 }
@@ -163,18 +166,12 @@ pub(super) fn dot_rows_tail(
 /// one block ahead (about 50 ns of work) is shorter than a DRAM access.
 pub(super) const PREFETCH_ROWS: usize = 32;
 
-/// Asks the cache hierarchy for `len` floats from `at` (a hint: no effect on results,
-/// and never faults, whatever the address). Into L2, not L1 (`T1`): on Zen 4 the same
-/// requests into L1 (`T0`) ran attention at 22–28 ns a (head, key) against 14–17
-/// (`attention_speed 1024 16 0`, best of 15, alternated), as if they queued behind
-/// L1's few outstanding misses; from L2 the row's loads a few hundred cycles later hit.
-#[inline(always)]
-pub(super) fn prefetch_span(at: *const f32, len: usize) {
-    prefetch_bytes(at as *const u8, len * std::mem::size_of::<f32>());
-}
-
 /// Prefetches the cache lines of `len` bytes at `at` into L2 (a hint: it reads
-/// nothing and never faults, whatever the address).
+/// nothing and never faults, whatever the address). Into L2, not L1 (`T1`): on Zen 4
+/// the same requests into L1 (`T0`) ran attention at 22–28 ns a (head, key) against
+/// 14–17 (`attention_speed 1024 16 0`, best of 15, alternated), as if they queued
+/// behind L1's few outstanding misses; from L2 the row's loads a few hundred cycles
+/// later hit.
 #[inline(always)]
 pub(super) fn prefetch_bytes(at: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]

@@ -81,14 +81,14 @@ macro_rules! entry_points {
         /// The CPU runs this instruction set; bounds are asserted by
         /// `rows::weighted_sum`.
         $(#[target_feature(enable = $feature)])?
-        pub(super) unsafe fn weighted_sum(
-            rows: super::Rows,
+        pub(super) unsafe fn weighted_sum<T: super::KvElem>(
+            rows: super::Rows<T>,
             offset: usize,
             probs: &[f32],
             scale: f32,
             out: &mut [f32],
         ) {
-            super::rows::weighted_sum::<$lanes>(rows, offset, probs, scale, out)
+            super::rows::weighted_sum::<$lanes, T>(rows, offset, probs, scale, out)
         }
     };
 }
