@@ -31,8 +31,8 @@ pub struct TaskFlags {
 pub struct PrecisionFlag {
     /// `exact` (f32 activations against each weight's exact value: logits match
     /// candle-transformers, what the trainer recomputes) or `fast` (8-bit activations
-    /// and integer dot products on Q4_0/Q4_1/Q8_0 layers, as llama.cpp computes; logits
-    /// drift, see the README's "Precision").
+    /// and integer dot products on Q4_0/Q4_1/Q8_0 layers and keys/values kept in f16, as
+    /// llama.cpp computes; logits drift, see the README's "Precision").
     #[arg(long, default_value = "exact")]
     pub precision: treegrpo::model::Precision,
 }
