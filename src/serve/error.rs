@@ -127,7 +127,7 @@ impl ServeError {
 fn engine_status(e: &EngineError) -> StatusCode {
     use EngineError::*;
     match e {
-        BadToken { .. } | EmptyPrompt | EmptySequence(_) | WeightShape { .. } => {
+        BadToken { .. } | EmptyPrompt | EmptySequence(_) | WeightShape { .. } | KvFormat { .. } => {
             StatusCode::BAD_REQUEST
         }
         StaleWeightVersion { .. } => StatusCode::BAD_REQUEST,
