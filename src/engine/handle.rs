@@ -204,8 +204,10 @@ impl Engine {
     }
 
     /// [`Self::load_weights`] from a file: a GGUF or an HF checkpoint directory (as
-    /// `treegrpo train` writes them), read on a blocking thread. Only its weights are
-    /// taken; its shape must be the served model's.
+    /// `treegrpo train` writes them), read on a blocking thread and served at the
+    /// precision the engine started with. Only its weights are taken; its shape must
+    /// be the served model's (and under fast, its layers quantised: see
+    /// [`EngineError::KvFormat`]).
     pub async fn load_weights_from(&self, path: &Path) -> Result<WeightVersion, EngineError> {
         self.load_weights_from_as(path, None).await
     }
@@ -218,9 +220,14 @@ impl Engine {
         version: Option<WeightVersion>,
     ) -> Result<WeightVersion, EngineError> {
         let path = path.to_path_buf();
-        let loaded = tokio::task::spawn_blocking(move || LoadedModel::load(&path))
-            .await
-            .map_err(|e| EngineError::Failed(format!("the weight loading task failed: {e}")))??;
+        // Served at the engine's precision, as the weights it started with: a file
+        // loads exact, and a fast engine's f16 KV pool refuses exact weights.
+        let precision = self.model.model.precision();
+        let loaded = tokio::task::spawn_blocking(move || {
+            LoadedModel::load(&path).and_then(|m| m.with_precision(precision))
+        })
+        .await
+        .map_err(|e| EngineError::Failed(format!("the weight loading task failed: {e}")))??;
         self.call(|r| Command::LoadWeights(loaded.model, version, r))
             .await
     }

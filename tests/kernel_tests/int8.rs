@@ -297,4 +297,11 @@ fn fast_default_model_is_batch_invariant_and_its_drift_is_bounded() {
         rt.block_on(engine.stats()).unwrap().precision,
         Precision::Fast
     );
+    // A file is served at the engine's precision: the quantised default model loads
+    // fast and is taken.
+    assert_eq!(rt.block_on(engine.load_weights_from(&path)).unwrap(), 1);
+    assert_eq!(
+        rt.block_on(engine.stats()).unwrap().precision,
+        Precision::Fast
+    );
 }
