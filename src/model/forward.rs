@@ -16,10 +16,11 @@
 
 use std::sync::Mutex;
 
-use super::attention::{AttentionPlan, AttentionShape, KvStore, SeqSpan};
+use super::attention::{AttentionPlan, AttentionShape, SeqSpan};
 use super::config::ModelConfig;
 use super::error::ModelError;
 use super::kernels::Epilogue;
+use super::kv_store::KvStore;
 use super::linear::Linear;
 use super::ops::{rms_norm, rms_norm_into, swiglu, Rope};
 use super::team::{self, Member, SharedBuf};

