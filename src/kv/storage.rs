@@ -22,7 +22,7 @@ use half::f16;
 
 use crate::model::huge_pages;
 use crate::model::team::{self, SharedBuf};
-use crate::model::KvFormat;
+use crate::model::{KvChunk, KvChunks, KvFormat};
 
 /// About how much of the pool [`KvStorage::touch_ahead`] keeps written ahead of use.
 pub const TOUCH_AHEAD_BYTES: usize = 64 << 20;
@@ -385,22 +385,31 @@ impl KvStorage {
         }
     }
 
-    /// Block `block`'s keys and values of `layer` as stored, for attention.
-    pub fn block_chunk(&self, layer: usize, block: BlockId) -> StoredBlock<'_> {
-        let range = self.block_range(block);
+    /// `blocks`' keys and values of `layer` as stored, one head-major run a block, for
+    /// attention.
+    pub fn chunks(&self, layer: usize, blocks: &[BlockId]) -> KvChunks<'_> {
+        fn runs<'a, T>(
+            keys: &'a [T],
+            values: &'a [T],
+            blocks: &[BlockId],
+            span: usize,
+            heads: usize,
+        ) -> Vec<KvChunk<'a, T>> {
+            blocks
+                .iter()
+                .map(|b| {
+                    let r = b.index() * span..(b.index() + 1) * span;
+                    KvChunk::head_major(&keys[r.clone()], &values[r], heads)
+                })
+                .collect()
+        }
         let (k, v) = (&self.keys[layer], &self.values[layer]);
+        let (span, heads) = (self.block_size * self.kv_dim, self.kv_heads);
         match self.format {
-            KvFormat::F32 => StoredBlock::F32(&k[range.clone()], &v[range]),
-            KvFormat::F16 => StoredBlock::F16(&halves(k)[range.clone()], &halves(v)[range]),
+            KvFormat::F32 => KvChunks::F32(runs(k, v, blocks, span, heads)),
+            KvFormat::F16 => KvChunks::F16(runs(halves(k), halves(v), blocks, span, heads)),
         }
     }
-}
-
-/// One block's keys and values of one layer, in the pool's format.
-#[derive(Debug, Clone, Copy)]
-pub enum StoredBlock<'a> {
-    F32(&'a [f32], &'a [f32]),
-    F16(&'a [f16], &'a [f16]),
 }
 
 /// An f16 pool's buffer as the f16s it holds.
@@ -477,11 +486,14 @@ mod tests {
             // Other layers and blocks untouched.
             assert!(s.keys(0, BlockId::new(2)).iter().all(|&x| x == 0.0));
             assert!(s.keys(1, BlockId::new(1)).iter().all(|&x| x == 0.0));
-            match s.block_chunk(1, BlockId::new(2)) {
-                StoredBlock::F32(k, _) => assert_eq!(s.format(), KvFormat::F32, "{k:?}"),
-                StoredBlock::F16(k, _) => {
+            match s.chunks(1, &[BlockId::new(2)]) {
+                KvChunks::F32(c) => {
+                    assert_eq!(s.format(), KvFormat::F32);
+                    assert_eq!(c[0].keys[2], 1.5);
+                }
+                KvChunks::F16(c) => {
                     assert_eq!(s.format(), KvFormat::F16);
-                    assert_eq!(k[2].to_f32(), 1.5);
+                    assert_eq!(c[0].keys[2].to_f32(), 1.5);
                 }
             }
         }

@@ -8,8 +8,7 @@
 
 use super::cache::KvCache;
 use super::ids::SeqId;
-use super::storage::StoredBlock;
-use crate::model::{KvChunk, KvChunks, KvStore, ModelError};
+use crate::model::{KvChunks, KvStore, ModelError};
 
 impl KvStore for KvCache {
     fn store(
@@ -24,29 +23,6 @@ impl KvStore for KvCache {
     }
 
     fn chunks(&self, layer: usize, slot: usize, len: usize) -> KvChunks<'_> {
-        let heads = self.kv_heads();
-        let blocks = self.read_blocks(SeqId::from_slot(slot), layer, len);
-        // One format per pool: every block is of the first's kind.
-        if let Some(StoredBlock::F16(..)) = blocks.first() {
-            KvChunks::F16(
-                blocks
-                    .into_iter()
-                    .filter_map(|b| match b {
-                        StoredBlock::F16(k, v) => Some(KvChunk::head_major(k, v, heads)),
-                        StoredBlock::F32(..) => None,
-                    })
-                    .collect(),
-            )
-        } else {
-            KvChunks::F32(
-                blocks
-                    .into_iter()
-                    .filter_map(|b| match b {
-                        StoredBlock::F32(k, v) => Some(KvChunk::head_major(k, v, heads)),
-                        StoredBlock::F16(..) => None,
-                    })
-                    .collect(),
-            )
-        }
+        self.read_blocks(SeqId::from_slot(slot), layer, len)
     }
 }

@@ -2,9 +2,9 @@
 //! [`KvStore`](crate::model::KvStore) and what attention reads back, block by block.
 
 use super::KvCache;
-use crate::kv::storage::StoredBlock;
 use crate::kv::table::{blocks_for, BlockTable};
 use crate::kv::{KvError, SeqId};
+use crate::model::KvChunks;
 
 impl KvCache {
     // ----- writes and reads (the KvStore side) -----------------------------------------
@@ -59,21 +59,16 @@ impl KvCache {
     }
 
     /// The blocks holding positions `0..len` of `seq` in `layer` (whole blocks: the last
-    /// may hold more rows than `len` needs). Empty for an unknown sequence or layer.
-    pub fn read_blocks(&self, seq: SeqId, layer: usize, len: usize) -> Vec<StoredBlock<'_>> {
-        let Some(st) = self.seqs.get(&seq) else {
-            return Vec::new();
-        };
-        if layer >= self.storage.num_layers() {
-            return Vec::new();
+    /// may hold more rows than `len` needs), as runs in the pool's format. Empty for an
+    /// unknown sequence or layer.
+    pub fn read_blocks(&self, seq: SeqId, layer: usize, len: usize) -> KvChunks<'_> {
+        let mut ids = Vec::new();
+        if let (Some(st), true) = (self.seqs.get(&seq), layer < self.storage.num_layers()) {
+            let n = blocks_for(len, self.block_size()).min(st.frozen_blocks + st.blocks.len());
+            let chain = self.segments.chain(st.frozen);
+            let frozen = chain.iter().flat_map(|&id| &self.segments.get(id).blocks);
+            ids.extend(frozen.chain(&st.blocks).take(n).copied());
         }
-        let n = blocks_for(len, self.block_size()).min(st.frozen_blocks + st.blocks.len());
-        let mut out = Vec::with_capacity(n);
-        let chain = self.segments.chain(st.frozen);
-        let frozen = chain.iter().flat_map(|&id| &self.segments.get(id).blocks);
-        for &b in frozen.chain(&st.blocks).take(n) {
-            out.push(self.storage.block_chunk(layer, b));
-        }
-        out
+        self.storage.chunks(layer, &ids)
     }
 }
