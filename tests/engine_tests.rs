@@ -69,6 +69,35 @@ fn fork_equals_fresh_prefill_inside_a_block_and_on_a_boundary() {
     }
 }
 
+/// The step keeps a prefilled sequence's last logits (copied out of the step's
+/// reused logits block, from the row of its place in the batch): a generation started
+/// later, on it or on a fork of it, samples its first token from them.
+#[test]
+fn a_sequence_prefilled_in_a_batch_keeps_its_logits_for_a_later_generation_and_its_forks() {
+    let m = model();
+    let p = prompt(&m, "Name three rivers in Europe and say which is longest.");
+    let other = prompt(&m, "What is the capital of France? Answer in one word.");
+
+    let mut a = core(&m, EngineConfig::default());
+    // Second in the batch, so its row is not the block's first.
+    a.add_sequence(&other).unwrap();
+    let seq = a.add_sequence(&p).unwrap();
+    a.run_until_idle().unwrap();
+    let child = a.fork(seq).unwrap();
+    a.generate(child, GenParams::greedy(8)).unwrap();
+    let from_child = finish(&mut a, child);
+    a.generate(seq, GenParams::greedy(8)).unwrap();
+    let from_seq = finish(&mut a, seq);
+
+    // The same prompt generated at once, in an engine of its own.
+    let mut b = core(&m, EngineConfig::default());
+    let fresh = b.add_sequence(&p).unwrap();
+    b.generate(fresh, GenParams::greedy(8)).unwrap();
+    let want = finish(&mut b, fresh);
+    assert_eq!(from_seq, want);
+    assert_eq!(from_child, want);
+}
+
 fn sampling(seed: u64) -> GenParams {
     GenParams {
         sampling: Sampling::Random {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::kv::{KvCache, KvConfig, PinId, SeqId};
-use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, Model, TokenId};
+use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, Model, StepLogits, TokenId};
 
 pub use super::config::EngineConfig;
 use super::counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
@@ -124,6 +124,8 @@ pub struct EngineCore {
     pub(super) kv_pressure: bool,
     /// One line per step when `TREEGRPO_STEP_LOG` is set.
     pub(super) step_log: StepLog,
+    /// The block each step's logits are written into, reused from step to step.
+    pub(super) step_logits: StepLogits,
 }
 
 impl EngineCore {
@@ -152,6 +154,7 @@ impl EngineCore {
             tick: 0,
             kv_pressure: false,
             step_log: StepLog::from_env()?,
+            step_logits: StepLogits::new(),
         })
     }
 

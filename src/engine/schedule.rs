@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use crate::kv::{KvError, SeqId};
-use crate::model::{BatchSeq, ForwardBatch, LogitsWanted, ModelError};
+use crate::model::{BatchSeq, ForwardBatch, LogitsWanted, ModelError, StepLogits};
 
 use super::core::EngineCore;
 use super::error::EngineError;
@@ -184,29 +184,41 @@ impl EngineCore {
     /// Runs the planned forward and hands each sequence its rows.
     /// Notes the forward's and the draws' times in `record`.
     fn run(&mut self, plan: Plan, record: &mut StepRecord) -> Result<usize, EngineError> {
+        // The step's logits go into the engine's reused block (taken out while the
+        // draws borrow it; put back whatever happens).
+        let mut logits = std::mem::take(&mut self.step_logits);
+        let rows = self.run_with(plan, record, &mut logits);
+        self.step_logits = logits;
+        rows
+    }
+
+    fn run_with(
+        &mut self,
+        plan: Plan,
+        record: &mut StepRecord,
+        logits: &mut StepLogits,
+    ) -> Result<usize, EngineError> {
         let started = std::time::Instant::now();
-        let forward = self.weights.forward(&plan.batch, &mut self.kv);
+        let forward = self.weights.forward_into(&plan.batch, &mut self.kv, logits);
         record.forward_s = started.elapsed().as_secs_f64();
-        let out = match forward {
-            Ok(out) => out,
-            Err(e) => {
-                // Undo the reservations so the cache stays consistent, and fail this
-                // batch's sequences (each gets the error) instead of retrying forever.
-                let cause = std::sync::Arc::new(e);
-                for &(seq, _) in &plan.chosen {
-                    let len = self.kv.seq_len(seq)?;
-                    self.kv.truncate(seq, len)?;
-                    self.fail(seq, EngineError::Forward(cause.clone()));
-                }
-                return Ok(0);
+        if let Err(e) = forward {
+            // Undo the reservations so the cache stays consistent, and fail this
+            // batch's sequences (each gets the error) instead of retrying forever.
+            let cause = std::sync::Arc::new(e);
+            for &(seq, _) in &plan.chosen {
+                let len = self.kv.seq_len(seq)?;
+                self.kv.truncate(seq, len)?;
+                self.fail(seq, EngineError::Forward(cause.clone()));
             }
-        };
+            return Ok(0);
+        }
         self.counters.steps += 1;
         let tick = self.tick;
         let rows: usize = plan.chosen.iter().map(|&(_, n)| n).sum();
-        // Sequences whose generation samples from this step's logits.
-        let mut due: Vec<(SeqId, Arc<Vec<f32>>)> = Vec::new();
-        for ((seq, n), logits) in plan.chosen.into_iter().zip(out) {
+        // Sequences whose pending tokens are all computed now, with their index in the
+        // batch (their logits' rows in the block).
+        let mut caught_up: Vec<(SeqId, usize)> = Vec::new();
+        for (i, (seq, n)) in plan.chosen.into_iter().enumerate() {
             let fed = self.seqs[&seq].pending[..n].to_vec();
             self.kv.commit(seq, &fed)?;
             let s = self
@@ -241,19 +253,31 @@ impl EngineCore {
                     self.flushing.retain(|&q| q != seq);
                     self.flushed.extend((0..prefills).map(|_| (seq, Ok(()))));
                 }
-                let last = logits.rows.into_iter().last().map(Arc::new);
-                s.last_logits = last.clone();
-                if let (Some(logits), true) = (last, s.generating.is_some()) {
-                    due.push((seq, logits));
-                }
+                caught_up.push((seq, i));
             }
         }
         // The step's draws together, after every sequence's rows are in (a draw reads
-        // only its own sequence's logits and state).
-        let due: Vec<(SeqId, &[f32])> = due.iter().map(|(seq, l)| (*seq, &l[..])).collect();
+        // only its own sequence's logits and state), straight from the block.
+        let due: Vec<(SeqId, &[f32])> = caught_up
+            .iter()
+            .filter(|(seq, _)| self.seqs[seq].generating.is_some())
+            .filter_map(|&(seq, i)| Some((seq, logits.last_row(i)?)))
+            .collect();
         let sampling = std::time::Instant::now();
-        self.sample_all(&due)?;
+        let drawn = self.sample_all(&due);
         record.sample_s = sampling.elapsed().as_secs_f64();
+        // A sequence left with nothing pending (a prefill, a generation that stopped
+        // without a token to feed) keeps its last logits for a later generation or
+        // fork; one that drew a token will compute new ones.
+        for &(seq, i) in &caught_up {
+            if let Some(s) = self.seqs.get_mut(&seq) {
+                s.last_logits = match logits.last_row(i) {
+                    Some(row) if s.pending.is_empty() => Some(Arc::new(row.to_vec())),
+                    _ => None,
+                };
+            }
+        }
+        drawn?;
         self.counters.peak_kv_bytes = self
             .counters
             .peak_kv_bytes

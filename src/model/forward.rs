@@ -23,6 +23,7 @@ use super::kernels::Epilogue;
 use super::kv_store::KvStore;
 use super::linear::Linear;
 use super::ops::{rms_norm, rms_norm_into, swiglu, Rope};
+use super::step_logits::StepLogits;
 use super::team::{self, Member, SharedBuf};
 use super::TokenId;
 
@@ -94,12 +95,35 @@ impl Model {
         &self.config
     }
 
-    /// Runs one forward step over `batch`, writing new keys/values into `kv`.
+    /// Runs one forward step over `batch`, writing new keys/values into `kv`; each
+    /// sequence's logits in vectors of their own.
     pub fn forward(
         &self,
         batch: &ForwardBatch,
         kv: &mut dyn KvStore,
     ) -> Result<Vec<SeqLogits>, ModelError> {
+        let mut logits = StepLogits::new();
+        self.forward_into(batch, kv, &mut logits)?;
+        Ok(batch
+            .seqs
+            .iter()
+            .zip(logits.to_vecs())
+            .map(|(seq, rows)| SeqLogits {
+                slot: seq.slot,
+                rows,
+            })
+            .collect())
+    }
+
+    /// [`Self::forward`], writing the logits into `logits` (reused from step to
+    /// step: see [`StepLogits`]). On an error `logits` holds no sequence's rows.
+    pub fn forward_into(
+        &self,
+        batch: &ForwardBatch,
+        kv: &mut dyn KvStore,
+        logits: &mut StepLogits,
+    ) -> Result<(), ModelError> {
+        logits.prepare(0, &[]);
         let cfg = &self.config;
         let hidden = cfg.hidden_size;
         let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
@@ -136,7 +160,8 @@ impl Model {
         }
         let rows = positions.len();
         if rows == 0 {
-            return Ok(Vec::new());
+            // Nothing to compute: no sequence's rows (as `forward`'s empty result).
+            return Ok(());
         }
         let shape = AttentionShape {
             num_heads: cfg.num_heads,
@@ -271,34 +296,25 @@ impl Model {
 
         // Only the rows that asked for logits pay for the vocabulary projection.
         let mut wanted = Vec::new();
-        let mut owners = Vec::new();
-        for (s, (seq, span)) in batch.seqs.iter().zip(&spans).enumerate() {
+        let mut rows_per_seq = Vec::with_capacity(batch.seqs.len());
+        for (seq, span) in batch.seqs.iter().zip(&spans) {
             let range = match seq.logits {
                 LogitsWanted::None => 0..0,
                 LogitsWanted::Last => span.len.saturating_sub(1)..span.len,
                 LogitsWanted::All => 0..span.len,
             };
+            rows_per_seq.push(range.len());
             for i in range {
                 wanted.extend_from_slice(&x[(span.row + i) * hidden..][..hidden]);
-                owners.push(s);
             }
         }
-        let mut out: Vec<SeqLogits> = batch
-            .seqs
-            .iter()
-            .map(|s| SeqLogits {
-                slot: s.slot,
-                rows: Vec::new(),
-            })
-            .collect();
-        if owners.is_empty() {
-            return Ok(out);
+        let n = wanted.len() / hidden;
+        let block = logits.prepare(self.lm_head.out_features(), &rows_per_seq);
+        if n == 0 {
+            return Ok(());
         }
-        let n = owners.len();
-        let vocab = self.lm_head.out_features();
-        let mut logits = vec![0f32; n * vocab];
         {
-            let (ws, ls) = (SharedBuf::new(&mut wanted), SharedBuf::new(&mut logits));
+            let (ws, ls) = (SharedBuf::new(&mut wanted), SharedBuf::new(block));
             team.run(|m| {
                 let mine = m.share(n);
                 // SAFETY: own rows, then own columns; all rows read after the barrier.
@@ -308,17 +324,18 @@ impl Model {
                 }
                 m.barrier();
                 let w_all = unsafe { ws.all() };
+                // `Store` writes every element of the block: nothing stale is left.
                 failure.note(
                     self.lm_head
                         .forward_share(m, w_all, n, &ls, Epilogue::Store),
                 );
             });
         }
-        failure.take()?;
-        for (row, s) in logits.chunks_exact(vocab).zip(owners) {
-            out[s].rows.push(row.to_vec());
+        if let Err(e) = failure.take() {
+            logits.prepare(0, &[]);
+            return Err(e);
         }
-        Ok(out)
+        Ok(())
     }
 }
 

@@ -6,6 +6,7 @@
 //! - [`tokenizer`]: byte-level BPE from GGUF metadata, or `tokenizer.json` through `tokenizers`.
 //! - [`chat`]: chat messages and the model's own Jinja chat template.
 //! - [`forward`]: the decoder forward over a ragged batch, weights immutable and shared.
+//! - [`step_logits`]: the logits of one forward, in one block the engine reuses.
 //! - [`attention`]: the attention kernel over the runs a [`KvStore`] hands out.
 //! - [`kv_store`]: the [`KvStore`] trait through which the engine hands in KV state it
 //!   owns, and the dense store `generate` and the oracles use.
@@ -32,6 +33,7 @@ mod load;
 pub mod ops;
 pub mod precision;
 pub mod safetensors;
+pub mod step_logits;
 pub mod team;
 pub mod tokenizer;
 mod weights;
@@ -44,6 +46,7 @@ pub use kv_format::KvFormat;
 pub use kv_store::{DenseKvStore, KvChunk, KvChunks, KvStore};
 pub use load::LoadedModel;
 pub use precision::Precision;
+pub use step_logits::StepLogits;
 pub use tokenizer::Tokenizer;
 
 /// A token id in the model's vocabulary.
