@@ -114,6 +114,8 @@ pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
             kv_budget_bytes: super::flags::kv_budget_bytes(a.kv_mib),
             max_batch_seqs: a.max_batch_seqs,
             prefix_cache: !a.no_prefix_reuse,
+            // A finished tree's blocks are not looked up again.
+            reuse_cached_first: true,
             ..EngineConfig::default()
         },
     )?;

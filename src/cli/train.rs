@@ -177,6 +177,8 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         model.clone(),
         EngineConfig {
             kv_budget_bytes: super::flags::kv_budget_bytes(a.kv_mib),
+            // Each step's trees are new prompts (and a swap clears the cache).
+            reuse_cached_first: true,
             ..EngineConfig::default()
         },
     )?;

@@ -13,6 +13,11 @@ pub struct EngineConfig {
     pub max_batch_seqs: usize,
     /// Let new sequences start from cached blocks of an identical prompt prefix.
     pub prefix_cache: bool,
+    /// Evict the least recently released cached block before writing pool memory never
+    /// written: a smaller resident set and fewer page faults, a prefix cache no larger
+    /// than the memory already written. For jobs that do not look released prefixes up
+    /// again (rollout, train); a server keeps it off.
+    pub reuse_cached_first: bool,
 }
 
 impl EngineConfig {
@@ -44,6 +49,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 512,
             max_batch_seqs: 64,
             prefix_cache: true,
+            reuse_cached_first: false,
         }
     }
 }

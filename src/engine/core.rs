@@ -130,7 +130,7 @@ pub struct EngineCore {
 
 impl EngineCore {
     pub fn new(model: Arc<LoadedModel>, config: EngineConfig) -> Result<Self, EngineError> {
-        let kv = KvCache::for_model(
+        let mut kv = KvCache::for_model(
             KvConfig {
                 block_size: config.block_size,
                 budget_bytes: config.kv_budget_bytes,
@@ -138,6 +138,7 @@ impl EngineCore {
             },
             model.model.config(),
         )?;
+        kv.set_reuse_cached_first(config.reuse_cached_first);
         Ok(EngineCore {
             weights: model.model.clone(),
             weight_version: 0,

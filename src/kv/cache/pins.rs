@@ -69,4 +69,10 @@ impl KvCache {
         self.pool.clear_cache();
         self.epoch += 1;
     }
+
+    /// Whether a new block evicts a cached one before the pool writes memory it never
+    /// wrote ([`BlockPool::set_reuse_cached_first`](crate::kv::pool::BlockPool::set_reuse_cached_first)).
+    pub fn set_reuse_cached_first(&mut self, on: bool) {
+        self.pool.set_reuse_cached_first(on);
+    }
 }
