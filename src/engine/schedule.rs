@@ -192,6 +192,7 @@ impl EngineCore {
         rows
     }
 
+    /// [`Self::run`]'s step, its logits written into `logits`.
     fn run_with(
         &mut self,
         plan: Plan,
