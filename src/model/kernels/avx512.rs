@@ -121,7 +121,8 @@ pub(super) unsafe fn dot_rows_heads<const H: usize, T: KvElem>(
         }
         let mut acc = [[_mm512_setzero_ps(); 4]; H];
         for c in 0..chunks {
-            let k: [__m512; 4] = std::array::from_fn(|i| kv_elem::m512(p[i].add(16 * c)));
+            let k: [__m512; 4] =
+                std::array::from_fn(|i| kv_elem::lanes::<Avx512, T>(p[i].add(16 * c)));
             for (h, acc_h) in acc.iter_mut().enumerate() {
                 let qc = _mm512_loadu_ps(qp.add(h * dim + 16 * c));
                 for i in 0..4 {

@@ -86,21 +86,6 @@ pub(super) unsafe fn m256<T: KvElem>(at: *const T) -> std::arch::x86_64::__m256 
     }
 }
 
-/// Sixteen values of `T` from `at`, widened.
-///
-/// # Safety
-/// The CPU runs AVX-512F; sixteen values are readable at `at`.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(super) unsafe fn m512<T: KvElem>(at: *const T) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    if T::IS_F16 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(at as *const __m256i))
-    } else {
-        _mm512_loadu_ps(at as *const f32)
-    }
-}
-
 /// Asks for `len` values of `T` from `at` (see [`super::rows::prefetch_bytes`]).
 #[inline(always)]
 pub(super) fn prefetch<T>(at: *const T, len: usize) {
