@@ -44,6 +44,12 @@ pub struct StepLog {
     pub grad_norm: f64,
     pub clip_fraction: f64,
     pub tis_mean: f64,
+    /// Max and mean `|trainer log p − rollout log p|` over the step's loss tokens
+    /// (verl's `rollout_probs_diff`); absent on step 0 and in logs of older builds.
+    #[serde(default)]
+    pub rollout_logprob_diff_max: Option<f64>,
+    #[serde(default)]
+    pub rollout_logprob_diff_mean: Option<f64>,
     pub lr: f64,
     pub rollout_seconds: f64,
     pub update_seconds: f64,
@@ -68,6 +74,8 @@ impl StepLog {
             grad_norm: 0.0,
             clip_fraction: 0.0,
             tis_mean: 0.0,
+            rollout_logprob_diff_max: None,
+            rollout_logprob_diff_mean: None,
             lr: 0.0,
             rollout_seconds: 0.0,
             update_seconds: 0.0,

@@ -512,6 +512,8 @@ fn step_line(
         grad_norm: m.grad_norm,
         clip_fraction: m.clip_fraction,
         tis_mean: m.tis_mean,
+        rollout_logprob_diff_max: m.rollout_logprob_diff_max,
+        rollout_logprob_diff_mean: m.rollout_logprob_diff_mean,
         lr: m.lr,
         rollout_seconds,
         update_seconds: m.seconds,

@@ -7,7 +7,7 @@
 //! temperature 1.
 
 use super::rng::SeqRng;
-use crate::model::kernels::exp_f64_in_place;
+use crate::model::logprob::{for_each_exp, log_normaliser};
 use crate::model::TokenId;
 
 /// How to pick the next token.
@@ -51,48 +51,6 @@ impl Sampling {
 pub struct SampledToken {
     pub token: TokenId,
     pub logprob: f32,
-}
-
-/// Log-sum-exp of `logits / temperature`, computed in f64 for a stable logprob.
-fn log_normaliser(logits: &[f32], temperature: f32) -> (f64, f64) {
-    let inv_t = 1.0 / temperature as f64;
-    let max = logits
-        .iter()
-        .fold(f64::NEG_INFINITY, |m, &l| m.max(l as f64 * inv_t));
-    let mut sum = 0f64;
-    for_each_exp(logits, inv_t, max, |_, p| {
-        sum += p;
-        true
-    });
-    (max + sum.ln(), inv_t)
-}
-
-/// Logits a chunk of [`for_each_exp`] takes at a time.
-const EXP_CHUNK: usize = 256;
-
-/// Calls `visit(i, exp(logits[i] · inv_t − offset))` in id order while it returns
-/// true. The `exp`s go through the vector kernel a chunk at a time (bit for bit
-/// `f64::exp`, so sums and draws are unchanged; one libm call per logit was 2.8% of
-/// a rollout).
-fn for_each_exp(
-    logits: &[f32],
-    inv_t: f64,
-    offset: f64,
-    mut visit: impl FnMut(usize, f64) -> bool,
-) {
-    let mut buf = [0f64; EXP_CHUNK];
-    for (c, chunk) in logits.chunks(EXP_CHUNK).enumerate() {
-        let e = &mut buf[..chunk.len()];
-        for (e, &l) in e.iter_mut().zip(chunk) {
-            *e = l as f64 * inv_t - offset;
-        }
-        exp_f64_in_place(e);
-        for (i, &p) in e.iter().enumerate() {
-            if !visit(c * EXP_CHUNK + i, p) {
-                return;
-            }
-        }
-    }
 }
 
 /// Picks the next token.

@@ -382,10 +382,13 @@ fn even_runs<T>(chunks: &[KvChunk<'_, T>], len: usize, kv_dim: usize) -> Option<
     let size = first.positions(kv_dim).max(1);
     let needed = len.div_ceil(size).max(1);
     let used = chunks.get(..needed)?;
+    // The last run must hold the rest: ragged runs ([8, 1, 5] rows for 14) hold
+    // the positions, but not where even runs would put them.
     let even = used.iter().all(|c| c.heads == first.heads)
         && used[..needed - 1]
             .iter()
             .all(|c| c.positions(kv_dim) == size)
+        && used[needed - 1].positions(kv_dim) >= len - (needed - 1) * size
         && (needed == 1 || size.is_power_of_two());
     even.then(|| size.next_power_of_two())
 }

@@ -14,17 +14,16 @@
 //! split leaves each output's arithmetic unchanged, so results do not depend on the
 //! thread count.
 
-use std::sync::Mutex;
-
-use super::attention::{AttentionPlan, AttentionShape, SeqSpan};
+use super::attention::SeqSpan;
 use super::config::ModelConfig;
 use super::error::ModelError;
 use super::kernels::Epilogue;
 use super::kv_store::KvStore;
+use super::layer_forward::{Failure, LayerBuffers};
 use super::linear::Linear;
-use super::ops::{rms_norm, rms_norm_into, swiglu, Rope};
+use super::ops::{rms_norm, Rope};
 use super::step_logits::StepLogits;
-use super::team::{self, Member, SharedBuf};
+use super::team::{self, SharedBuf};
 use super::TokenId;
 
 /// Which positions of a sequence's new tokens need logits.
@@ -126,7 +125,6 @@ impl Model {
         logits.prepare(0, &[]);
         let cfg = &self.config;
         let hidden = cfg.hidden_size;
-        let (q_dim, kv_dim) = (cfg.q_dim(), cfg.kv_dim());
 
         // Validate before touching the store, so a bad request leaves no partial state.
         let mut spans = Vec::with_capacity(batch.seqs.len());
@@ -163,135 +161,13 @@ impl Model {
             // Nothing to compute: no sequence's rows (as `forward`'s empty result).
             return Ok(());
         }
-        let shape = AttentionShape {
-            num_heads: cfg.num_heads,
-            num_kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-        };
-
         let team = team::global();
         let eps = cfg.rms_norm_eps;
         // RoPE's sines and cosines depend on the position only: once per token.
         let angles: Vec<Vec<(f32, f32)>> = positions.iter().map(|&p| self.rope.angles(p)).collect();
-        let ff = cfg.intermediate_size;
-        let mut h = vec![0f32; rows * hidden];
-        let mut q = vec![0f32; rows * q_dim];
-        let mut k = vec![0f32; rows * kv_dim];
-        let mut v = vec![0f32; rows * kv_dim];
-        let mut attn = vec![0f32; rows * q_dim];
-        let mut g = vec![0f32; rows * ff];
-        let mut u = vec![0f32; rows * ff];
-        let failure = Failure::default();
-
-        for (l, layer) in self.layers.iter().enumerate() {
-            {
-                let (xs, hs) = (SharedBuf::new(&mut x), SharedBuf::new(&mut h));
-                let (qs, ks, vs) = (
-                    SharedBuf::new(&mut q),
-                    SharedBuf::new(&mut k),
-                    SharedBuf::new(&mut v),
-                );
-                team.run(|m| {
-                    // SAFETY (every `get`/`get_mut` below): a member writes only its
-                    // own rows (`mine`) or, in a projection, its own columns, and
-                    // reads what others wrote only after the barrier that follows.
-                    let mine = unsafe { norm_share(m, &xs, &hs, &layer.attn_norm, eps) };
-                    m.barrier();
-                    let h_all = unsafe { hs.all() };
-                    failure.note(layer.q.forward_share(m, h_all, rows, &qs, Epilogue::Store));
-                    failure.note(layer.k.forward_share(m, h_all, rows, &ks, Epilogue::Store));
-                    failure.note(layer.v.forward_share(m, h_all, rows, &vs, Epilogue::Store));
-                    m.barrier();
-                    for r in mine {
-                        unsafe {
-                            self.rope
-                                .rotate(qs.get_mut(r * q_dim..(r + 1) * q_dim), &angles[r]);
-                            let key = ks.get_mut(r * kv_dim..(r + 1) * kv_dim);
-                            self.rope.rotate(key, &angles[r]);
-                            // Every store then holds the same values (`kv_format`).
-                            self.kv_format.round(key);
-                            self.kv_format
-                                .round(vs.get_mut(r * kv_dim..(r + 1) * kv_dim));
-                        }
-                    }
-                });
-            }
-            failure.take()?;
-            for span in &spans {
-                for i in 0..span.len {
-                    let r = span.row + i;
-                    kv.store(
-                        l,
-                        span.slot,
-                        span.start + i,
-                        &k[r * kv_dim..][..kv_dim],
-                        &v[r * kv_dim..][..kv_dim],
-                    )?;
-                }
-            }
-            let plan = AttentionPlan::new(&*kv, l, &spans, shape);
-            attn.fill(0.0);
-            {
-                let (xs, hs) = (SharedBuf::new(&mut x), SharedBuf::new(&mut h));
-                let attn_s = SharedBuf::new(&mut attn);
-                let (gs, us) = (SharedBuf::new(&mut g), SharedBuf::new(&mut u));
-                let q = &q;
-                team.run(|m| {
-                    // SAFETY: as in the first run: own items (disjoint output
-                    // ranges), rows or columns only, others' results read after a
-                    // barrier.
-                    for item in plan.share(m.index(), m.size()) {
-                        plan.attend_item(q, item, unsafe {
-                            attn_s.get_mut(plan.item_output(item))
-                        });
-                    }
-                    m.barrier();
-                    let attn_all = unsafe { attn_s.all() };
-                    failure.note(layer.o.forward_share(
-                        m,
-                        attn_all,
-                        rows,
-                        &xs,
-                        Epilogue::Accumulate,
-                    ));
-                    m.barrier();
-                    unsafe { norm_share(m, &xs, &hs, &layer.ffn_norm, eps) };
-                    m.barrier();
-                    let h_all = unsafe { hs.all() };
-                    failure.note(
-                        layer
-                            .gate
-                            .forward_share(m, h_all, rows, &gs, Epilogue::Store),
-                    );
-                    failure.note(layer.up.forward_share(m, h_all, rows, &us, Epilogue::Store));
-                    match (layer.gate.member_columns(m), layer.up.member_columns(m)) {
-                        // This member wrote these columns of both, every row: SwiGLU
-                        // them without waiting for the others. (Gate and up are as
-                        // wide, so every member takes this arm or none does.)
-                        (Some(cols), Some(up_cols)) if cols == up_cols => {
-                            for r in 0..rows {
-                                let span = r * ff + cols.start..r * ff + cols.end;
-                                unsafe { swiglu(gs.get_mut(span.clone()), us.get(span)) };
-                            }
-                        }
-                        _ => {
-                            m.barrier();
-                            let elems = m.share(rows * ff);
-                            unsafe { swiglu(gs.get_mut(elems.clone()), us.get(elems)) };
-                        }
-                    }
-                    m.barrier();
-                    let g_all = unsafe { gs.all() };
-                    failure.note(layer.down.forward_share(
-                        m,
-                        g_all,
-                        rows,
-                        &xs,
-                        Epilogue::Accumulate,
-                    ));
-                });
-            }
-            failure.take()?;
+        let mut bufs = LayerBuffers::new(cfg, rows);
+        for l in 0..self.layers.len() {
+            self.run_layer(l, &mut x, &mut bufs, &spans, &angles, kv, None)?;
         }
 
         // Only the rows that asked for logits pay for the vocabulary projection.
@@ -309,6 +185,7 @@ impl Model {
             }
         }
         let n = wanted.len() / hidden;
+        let failure = Failure::default();
         let block = logits.prepare(self.lm_head.out_features(), &rows_per_seq);
         if n == 0 {
             return Ok(());
@@ -336,45 +213,5 @@ impl Model {
             return Err(e);
         }
         Ok(())
-    }
-}
-
-/// This member's share of the rows of `x` (`[rows, weight.len()]`), RMS-normalised
-/// into the same rows of `h`; returns the rows it took.
-///
-/// # Safety
-/// Every member of the run calls it at once (disjoint shares), and nobody reads those
-/// rows of `h` or writes those of `x` until the next barrier.
-unsafe fn norm_share(
-    m: &Member,
-    x: &SharedBuf,
-    h: &SharedBuf,
-    weight: &[f32],
-    eps: f64,
-) -> std::ops::Range<usize> {
-    let width = weight.len();
-    let mine = m.share(x.len() / width);
-    let span = mine.start * width..mine.end * width;
-    rms_norm_into(x.get(span.clone()), weight, eps, h.get_mut(span));
-    mine
-}
-
-/// The first error any member of a run hit (only candle-kernel layers can fail).
-#[derive(Default)]
-struct Failure(Mutex<Option<ModelError>>);
-
-impl Failure {
-    fn note(&self, result: Result<(), ModelError>) {
-        if let Err(e) = result {
-            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            slot.get_or_insert(e);
-        }
-    }
-
-    fn take(&self) -> Result<(), ModelError> {
-        match self.0.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
     }
 }

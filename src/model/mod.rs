@@ -6,6 +6,10 @@
 //! - [`tokenizer`]: byte-level BPE from GGUF metadata, or `tokenizer.json` through `tokenizers`.
 //! - [`chat`]: chat messages and the model's own Jinja chat template.
 //! - [`forward`]: the decoder forward over a ragged batch, weights immutable and shared.
+//! - [`layer_forward`]: one transformer block, run by the engine's forward and the
+//!   trainer's alike (recording what a backward needs on request).
+//! - [`logprob`]: a row of logits' log-normaliser, the one rule the sampler's and the
+//!   trainer's log-probabilities share.
 //! - [`step_logits`]: the logits of one forward, in one block the engine reuses.
 //! - [`attention`]: the attention kernel over the runs a [`KvStore`] hands out.
 //! - [`kv_store`]: the [`KvStore`] trait through which the engine hands in KV state it
@@ -28,8 +32,10 @@ pub mod huge_pages;
 pub mod kernels;
 pub mod kv_format;
 pub mod kv_store;
+pub mod layer_forward;
 pub mod linear;
 mod load;
+pub mod logprob;
 pub mod ops;
 pub mod precision;
 pub mod safetensors;

@@ -101,3 +101,30 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
         }
     }
 }
+
+/// [`swiglu`] into `out`, leaving `gate` as it is (a training forward keeps it for
+/// the backward): the same arithmetic, so `out` is what `swiglu` writes bit for bit.
+pub fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    out.copy_from_slice(gate);
+    swiglu(out, up);
+}
+
+impl Rope {
+    /// The backward of [`Rope::rotate`]: a row's gradient rotated by the opposite
+    /// angles (a rotation's transpose is its inverse).
+    pub fn rotate_back(&self, row: &mut [f32], angles: &[(f32, f32)]) {
+        let half = self.inv_freq.len();
+        let head_dim = 2 * half;
+        for head in row.chunks_exact_mut(head_dim) {
+            for (i, &(sin, cos)) in angles.iter().enumerate() {
+                let (a, b) = match self.style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::HalfSplit => (i, i + half),
+                };
+                let (d0, d1) = (head[a], head[b]);
+                head[a] = d0 * cos + d1 * sin;
+                head[b] = d1 * cos - d0 * sin;
+            }
+        }
+    }
+}

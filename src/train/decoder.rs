@@ -110,6 +110,51 @@ fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> candle_core
     }
 }
 
+/// Refuses a batch the decoder cannot compute: mismatched lengths, a token outside
+/// the vocabulary, a path past the context, a non-positive temperature. Both
+/// decoders (this one and `native`) check with it.
+pub(crate) fn check_batch(
+    c: &crate::model::ModelConfig,
+    batch: &PackedBatch,
+    temperature: f64,
+) -> Result<(), TrainError> {
+    let rows = batch.tokens.len();
+    if rows != batch.layout.len() || batch.score_rows.len() != batch.targets.len() {
+        return Err(TrainError::BadBatch(format!(
+            "{rows} tokens, a layout of {} rows, {} scored rows and {} targets",
+            batch.layout.len(),
+            batch.score_rows.len(),
+            batch.targets.len()
+        )));
+    }
+    if let Some(&t) = batch
+        .tokens
+        .iter()
+        .chain(&batch.targets)
+        .find(|&&t| t as usize >= c.vocab_size)
+    {
+        return Err(TrainError::BadBatch(format!(
+            "token id {t} is outside the vocabulary of {}",
+            c.vocab_size
+        )));
+    }
+    if let Some(&p) = batch.layout.positions().iter().max() {
+        if p as usize >= c.max_position_embeddings {
+            return Err(TrainError::BadBatch(format!(
+                "a path of {} tokens exceeds the context of {}",
+                p + 1,
+                c.max_position_embeddings
+            )));
+        }
+    }
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(TrainError::BadBatch(format!(
+            "temperature {temperature} must be positive"
+        )));
+    }
+    Ok(())
+}
+
 impl Params {
     /// The forward over `batch`: log-probabilities of its targets under
     /// `logits / temperature`, and each scored row's entropy if `want_entropy`.
@@ -120,40 +165,8 @@ impl Params {
         want_entropy: bool,
     ) -> Result<Scored, TrainError> {
         let c = &self.config;
+        check_batch(c, batch, temperature)?;
         let rows = batch.tokens.len();
-        if rows != batch.layout.len() || batch.score_rows.len() != batch.targets.len() {
-            return Err(TrainError::BadBatch(format!(
-                "{rows} tokens, a layout of {} rows, {} scored rows and {} targets",
-                batch.layout.len(),
-                batch.score_rows.len(),
-                batch.targets.len()
-            )));
-        }
-        if let Some(&t) = batch
-            .tokens
-            .iter()
-            .chain(&batch.targets)
-            .find(|&&t| t as usize >= c.vocab_size)
-        {
-            return Err(TrainError::BadBatch(format!(
-                "token id {t} is outside the vocabulary of {}",
-                c.vocab_size
-            )));
-        }
-        if let Some(&p) = batch.layout.positions().iter().max() {
-            if p as usize >= c.max_position_embeddings {
-                return Err(TrainError::BadBatch(format!(
-                    "a path of {} tokens exceeds the context of {}",
-                    p + 1,
-                    c.max_position_embeddings
-                )));
-            }
-        }
-        if !(temperature.is_finite() && temperature > 0.0) {
-            return Err(TrainError::BadBatch(format!(
-                "temperature {temperature} must be positive"
-            )));
-        }
         let dtype = self.dtype();
         let dev = Device::Cpu;
         let ids = Tensor::from_slice(&batch.tokens, rows, &dev)?;

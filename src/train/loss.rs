@@ -214,9 +214,11 @@ pub fn policy_loss_weighted(
     let mut clipped = 0usize;
     for (row, &w) in rows.iter().zip(weights) {
         let lp = logp[row.unique];
-        let tis = row
-            .rollout_logp
-            .map_or(1.0, |r| (row.old_logp - r).exp().min(cfg.tis_cap));
+        // The rollout reports f32 log-probabilities: the old one is compared at that
+        // precision, so a trainer that computes the engine's numbers gets exactly 1.
+        let tis = row.rollout_logp.map_or(1.0, |r| {
+            ((row.old_logp as f32) as f64 - r).exp().min(cfg.tis_cap)
+        });
         out.tis_mean += tis;
         let (pg, dpg, was_clipped) = clipped_term(lp, row.old_logp, row.advantage, cfg);
         clipped += usize::from(was_clipped);

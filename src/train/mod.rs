@@ -4,7 +4,9 @@
 //! - [`params`]: the decoder's weights as trainable candle `Var`s, named as in HF.
 //! - [`layout`]: which rows of a packed batch attend to which (a forest of rows).
 //! - [`attention`]: tree attention as a candle op with a backward of its own.
-//! - [`decoder`]: the differentiable forward, built only from ops with a backward:
+//! - [`native`]: **the** training decoder: the engine's own forward over a packed
+//!   trie and hand-written backward kernels (f32).
+//! - [`decoder`]: the candle-autodiff forward (f32, f64), kept as the oracle, built only from ops with a backward:
 //!   log-probabilities and entropies of scored tokens.
 //! - [`scoring`]: the target's log-probability and the entropy of each row of logits,
 //!   one op with its own backward (no `[rows, vocab]` intermediates kept).
@@ -31,6 +33,7 @@ pub mod input;
 pub mod job;
 pub mod layout;
 pub mod loss;
+pub mod native;
 pub mod optim;
 pub mod pack;
 pub mod params;

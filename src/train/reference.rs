@@ -10,6 +10,7 @@ use candle_core::{DType, Var};
 use serde::{Deserialize, Serialize};
 
 use super::error::TrainError;
+use super::native::NativeDecoder;
 use super::params::{LayerParams, Params};
 use super::update::{pack_samples, TrainSample, UpdateConfig};
 
@@ -76,12 +77,22 @@ pub fn fill_reference_logprobs(
         .iter()
         .map(|s| vec![f64::NAN; s.response_mask.len()])
         .collect();
+    // f32 weights score on the engine's forward (as the update does); f64 on candle's.
+    let native = match reference.dtype() {
+        DType::F32 => Some(NativeDecoder::new(reference)?),
+        _ => None,
+    };
     for mb in &batches {
         if mb.batch.targets.is_empty() {
             continue;
         }
-        let scored = reference.score(&mb.batch, cfg.temperature, false)?;
-        let logp = scored.logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        let logp = match &native {
+            Some(dec) => dec.forward(&mb.batch, cfg.temperature, false)?.logp,
+            None => {
+                let scored = reference.score(&mb.batch, cfg.temperature, false)?;
+                scored.logp.to_dtype(DType::F64)?.to_vec1::<f64>()?
+            }
+        };
         for (k, &s) in mb.seqs.iter().enumerate() {
             for (p, j) in samples[s].loss_positions() {
                 let unique = mb.scored[k][p].expect("every loss position is scored");

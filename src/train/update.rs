@@ -22,6 +22,7 @@ use serde::Serialize;
 
 use super::error::TrainError;
 use super::loss::{aggregation_weights, policy_loss_weighted, LossConfig, LossOutput, LossRow};
+use super::native::{Grads, NativeDecoder, NativeForward};
 use super::optim::{clip_to, squared_norms, Optimizer};
 use super::pack::{pack, Packed};
 use super::params::Params;
@@ -116,6 +117,10 @@ pub struct UpdateMetrics {
     pub micro_batches: usize,
     pub lr: f64,
     pub seconds: f64,
+    /// Max and mean `|trainer log p − rollout log p|` over loss tokens with a rollout
+    /// log-probability (verl's `rollout_probs_diff_max` / `_mean`); `None` without.
+    pub rollout_logprob_diff_max: Option<f64>,
+    pub rollout_logprob_diff_mean: Option<f64>,
 }
 
 /// The loss of an update's trajectories, and its gradient if asked.
@@ -126,6 +131,44 @@ pub struct Evaluated {
     pub grads: Option<Vec<Tensor>>,
     pub forwarded: Forwarded,
     pub micro_batches: usize,
+    /// How far the trainer's log-probabilities lie from the rollout's.
+    pub rollout_gap: RolloutGap,
+}
+
+/// `|trainer log p − rollout log p|` over the loss tokens that carry a rollout
+/// log-probability (verl's `rollout_probs_diff`). The rollout reports f32, so the
+/// trainer's value is rounded to f32 first: on the rollout's own dense weights the
+/// gap is exactly 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RolloutGap {
+    pub max: f64,
+    pub sum: f64,
+    pub tokens: usize,
+}
+
+impl RolloutGap {
+    fn add(&mut self, trainer: f64, rollout: f64) {
+        let d = ((trainer as f32) as f64 - rollout).abs();
+        self.max = self.max.max(d);
+        self.sum += d;
+        self.tokens += 1;
+    }
+
+    /// The mean gap; `None` without rollout log-probabilities.
+    pub fn mean(&self) -> Option<f64> {
+        (self.tokens > 0).then(|| self.sum / self.tokens as f64)
+    }
+
+    /// The largest gap; `None` without rollout log-probabilities.
+    pub fn max(&self) -> Option<f64> {
+        (self.tokens > 0).then_some(self.max)
+    }
+}
+
+/// A micro-batch's forward, kept for its backward.
+enum Forward {
+    Native(NativeForward),
+    Candle(super::decoder::Scored),
 }
 
 /// Progress of an update: after each micro-batch, how many are done of how many, and
@@ -179,6 +222,14 @@ pub fn loss_and_gradients_with_progress(
     };
     let named = params.named();
     let mut grads: Option<Vec<Tensor>> = None;
+    // f32 weights train on the engine's own forward; f64 (the finite-difference
+    // oracle) on the candle-autodiff decoder.
+    let native = match dtype {
+        DType::F32 => Some(NativeDecoder::new(params)?),
+        _ => None,
+    };
+    let mut native_grads: Option<Grads> = None;
+    let mut rollout_gap = RolloutGap::default();
     let mut total = LossOutput::empty();
     let mut row_at = 0;
     let mut rows_done = 0;
@@ -197,10 +248,19 @@ pub fn loss_and_gradients_with_progress(
             progress(report);
             continue;
         }
-        let scored = params.score(&mb.batch, cfg.temperature, true)?;
-        let logp = scored.logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-        let entropy_t = scored.entropy.expect("asked for entropy");
-        let entropy = entropy_t.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+        let (logp, entropy, forward) = match &native {
+            Some(dec) => {
+                let fwd = dec.forward(&mb.batch, cfg.temperature, want_grads)?;
+                (fwd.logp.clone(), fwd.entropy.clone(), Forward::Native(fwd))
+            }
+            None => {
+                let scored = params.score(&mb.batch, cfg.temperature, true)?;
+                let logp = scored.logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+                let entropy_t = scored.entropy.clone().expect("asked for entropy");
+                let entropy = entropy_t.to_dtype(DType::F64)?.to_vec1::<f64>()?;
+                (logp, entropy, Forward::Candle(scored))
+            }
+        };
         let rows: Vec<LossRow> = rows
             .into_iter()
             .map(|mut r| {
@@ -211,32 +271,54 @@ pub fn loss_and_gradients_with_progress(
                 r
             })
             .collect();
+        for r in &rows {
+            if let Some(rollout) = r.rollout_logp {
+                rollout_gap.add(logp[r.unique], rollout);
+            }
+        }
         let out = policy_loss_weighted(&rows, w, &logp, &entropy, &cfg.loss);
         if want_grads {
-            let g = Tensor::from_vec(out.grad_logp.clone(), logp.len(), &Device::Cpu)?
-                .to_dtype(dtype)?;
-            let mut surrogate = (&scored.logp * g)?.sum_all()?;
-            if cfg.loss.entropy_coef != 0.0 {
-                let e = Tensor::from_vec(out.grad_entropy.clone(), entropy.len(), &Device::Cpu)?
-                    .to_dtype(dtype)?;
-                surrogate = (surrogate + (&entropy_t * e)?.sum_all()?)?;
-            }
-            let store = surrogate.backward()?;
-            let acc = grads.get_or_insert_with(Vec::new);
-            for (i, (_, var)) in named.iter().enumerate() {
-                let g = match store.get(var.as_tensor()) {
-                    Some(g) => g.clone(),
-                    None => var.as_tensor().zeros_like()?,
-                };
-                if acc.len() <= i {
-                    acc.push(g);
-                } else {
-                    acc[i] = (&acc[i] + g)?;
+            match forward {
+                Forward::Native(fwd) => {
+                    let dec = native.as_ref().expect("a native forward has its decoder");
+                    let acc = native_grads.get_or_insert_with(|| Grads::zeros(params));
+                    dec.backward(&mb.batch, fwd, &out.grad_logp, &out.grad_entropy, acc)?;
+                }
+                Forward::Candle(scored) => {
+                    let g = Tensor::from_vec(out.grad_logp.clone(), logp.len(), &Device::Cpu)?
+                        .to_dtype(dtype)?;
+                    let mut surrogate = (&scored.logp * g)?.sum_all()?;
+                    if cfg.loss.entropy_coef != 0.0 {
+                        let e = Tensor::from_vec(
+                            out.grad_entropy.clone(),
+                            entropy.len(),
+                            &Device::Cpu,
+                        )?
+                        .to_dtype(dtype)?;
+                        let entropy_t = scored.entropy.as_ref().expect("asked for entropy");
+                        surrogate = (surrogate + (entropy_t * e)?.sum_all()?)?;
+                    }
+                    let store = surrogate.backward()?;
+                    let acc = grads.get_or_insert_with(Vec::new);
+                    for (i, (_, var)) in named.iter().enumerate() {
+                        let g = match store.get(var.as_tensor()) {
+                            Some(g) => g.clone(),
+                            None => var.as_tensor().zeros_like()?,
+                        };
+                        if acc.len() <= i {
+                            acc.push(g);
+                        } else {
+                            acc[i] = (&acc[i] + g)?;
+                        }
+                    }
                 }
             }
         }
         total.merge(&out);
         progress(report);
+    }
+    if let Some(g) = native_grads {
+        grads = Some(g.into_tensors()?);
     }
     if want_grads && grads.is_none() {
         grads = Some(
@@ -251,6 +333,7 @@ pub fn loss_and_gradients_with_progress(
         grads,
         forwarded,
         micro_batches: batches.len(),
+        rollout_gap,
     })
 }
 
@@ -317,6 +400,7 @@ pub fn update_with_progress(
         grads,
         forwarded,
         micro_batches,
+        rollout_gap,
     } = loss_and_gradients_with_progress(params, samples, cfg, true, progress)?;
     let mut grads = grads.expect("asked for gradients");
     // One pass over the gradients: a NaN or infinity anywhere makes its tensor's
@@ -344,5 +428,7 @@ pub fn update_with_progress(
         micro_batches,
         lr,
         seconds: t0.elapsed().as_secs_f64(),
+        rollout_logprob_diff_max: rollout_gap.max(),
+        rollout_logprob_diff_mean: rollout_gap.mean(),
     })
 }

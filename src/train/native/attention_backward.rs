@@ -1,0 +1,309 @@
+//! Tree attention's backward as matrix products, tiled as flash attention's is.
+//!
+//! A tile is one KV head's query heads over a block of up to [`BLOCK_ROWS`]
+//! consecutive rows of one trie edge (each the child of the one before), against the
+//! `n` keys the block's last row attends to (row `t` of a block of `b` sees the first
+//! `n − (b − 1 − t)` of them). With the tile's queries `Q`, output `O`, its gradient
+//! `dO`, and its keys and values `K`, `V` gathered contiguous:
+//!
+//! `P = softmax(s·Q·Kᵀ)` (masked, recomputed), `dP = dO·Vᵀ`, `dS = s·P∘(dP − rowsum(dO∘O))`,
+//! `dQ = dS·K`, `dK += dSᵀ·Q`, `dV += Pᵀ·dO` —
+//!
+//! five `gemm` products per tile instead of row-by-row dot products, each key read
+//! once per tile for all of its rows and query heads. Tiles run in parallel, each
+//! thread summing its keys' gradients into buffers of its own, added at the end.
+
+use gemm::{gemm, Parallelism};
+use rayon::prelude::*;
+
+use super::super::layout::TreeLayout;
+
+/// Rows of an edge one tile takes.
+pub const BLOCK_ROWS: usize = 32;
+
+/// Shapes: query heads, KV heads, head width.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// `c = a · bᵀ` (`a [m, k]`, `b [n, k]`, `c [m, n]`), all row-major and contiguous.
+fn mul_bt(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, c: &mut [f32]) {
+    // SAFETY: the callers size every buffer to these shapes.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        )
+    }
+}
+
+/// `c = a · b` (`a [m, k]`, `b [k, n]`).
+fn mul(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, c: &mut [f32]) {
+    // SAFETY: as `mul_bt`.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            1,
+            k as isize,
+            b.as_ptr(),
+            1,
+            n as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        )
+    }
+}
+
+/// `c = aᵀ · b` (`a [k, m]`, `b [k, n]`).
+fn mul_at(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, c: &mut [f32]) {
+    // SAFETY: as `mul_bt`; `aᵀ` is `a` read with its strides swapped.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            false,
+            a.as_ptr(),
+            m as isize,
+            1,
+            b.as_ptr(),
+            1,
+            n as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            Parallelism::None,
+        )
+    }
+}
+
+/// One thread's sums and scratch.
+#[derive(Default)]
+struct Acc {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+    keys: Vec<usize>,
+    kn: Vec<f32>,
+    vn: Vec<f32>,
+    qb: Vec<f32>,
+    dob: Vec<f32>,
+    big_d: Vec<f32>,
+    p: Vec<f32>,
+    ds: Vec<f32>,
+    small: Vec<f32>,
+    big: Vec<f32>,
+}
+
+/// `(dq, dk, dv)` of tree attention (`q`, `out`, `dout`: `[rows, heads · d]`; `k`, `v`:
+/// `[rows, kv_heads · d]`), every row attending to its ancestors and itself.
+#[allow(clippy::too_many_arguments)]
+pub fn tree_attention_backward(
+    layout: &TreeLayout,
+    shape: Heads,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    dout: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let rows = layout.len();
+    let Heads {
+        heads,
+        kv_heads,
+        head_dim: d,
+    } = shape;
+    let (q_dim, kv_dim) = (heads * d, kv_heads * d);
+    // Tiles: (KV head, first row, rows).
+    let mut tiles = Vec::new();
+    let mut i = 0;
+    while i < rows {
+        let mut b = 1;
+        while b < BLOCK_ROWS && i + b < rows && layout.parent(i + b) == Some(i + b - 1) {
+            b += 1;
+        }
+        for g in 0..kv_heads {
+            tiles.push((g, i, b));
+        }
+        i += b;
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let fresh = || Acc {
+        dq: vec![0f32; rows * q_dim],
+        dk: vec![0f32; rows * kv_dim],
+        dv: vec![0f32; rows * kv_dim],
+        ..Acc::default()
+    };
+    let acc = tiles
+        .par_iter()
+        .with_min_len(tiles.len().div_ceil(4 * threads).max(1))
+        .fold(fresh, |mut acc, &(g, i, b)| {
+            tile(layout, shape, q, k, v, out, dout, g, i, b, &mut acc);
+            acc
+        })
+        .reduce_with(|mut a, b| {
+            for (x, y) in [(&mut a.dq, &b.dq), (&mut a.dk, &b.dk), (&mut a.dv, &b.dv)] {
+                for (x, y) in x.iter_mut().zip(y) {
+                    *x += y;
+                }
+            }
+            a
+        })
+        .unwrap_or_else(fresh);
+    (acc.dq, acc.dk, acc.dv)
+}
+
+/// The tile of KV head `g` over rows `i..i + b`.
+#[allow(clippy::too_many_arguments)]
+fn tile(
+    layout: &TreeLayout,
+    shape: Heads,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    dout: &[f32],
+    g: usize,
+    i: usize,
+    b: usize,
+    acc: &mut Acc,
+) {
+    let Heads {
+        heads,
+        kv_heads,
+        head_dim: d,
+    } = shape;
+    let group = heads / kv_heads;
+    let (q_dim, kv_dim) = (heads * d, kv_heads * d);
+    let scale = 1.0 / (d as f32).sqrt();
+    let last = i + b - 1;
+    acc.keys.clear();
+    acc.keys.extend(
+        layout
+            .runs(last)
+            .iter()
+            .flat_map(|r| r.start as usize..r.end as usize),
+    );
+    let n = acc.keys.len();
+    let m = group * b;
+    // Gather the keys and values, and the tile's query rows in (head, row) order.
+    acc.kn.clear();
+    acc.vn.clear();
+    for &j in &acc.keys {
+        acc.kn.extend_from_slice(&k[j * kv_dim + g * d..][..d]);
+        acc.vn.extend_from_slice(&v[j * kv_dim + g * d..][..d]);
+    }
+    acc.qb.clear();
+    acc.dob.clear();
+    acc.big_d.clear();
+    for h in g * group..(g + 1) * group {
+        for t in 0..b {
+            let at = (i + t) * q_dim + h * d;
+            acc.qb.extend_from_slice(&q[at..][..d]);
+            acc.dob.extend_from_slice(&dout[at..][..d]);
+            let dot: f32 = dout[at..][..d]
+                .iter()
+                .zip(&out[at..][..d])
+                .map(|(a, b)| a * b)
+                .sum();
+            acc.big_d.push(dot);
+        }
+    }
+    // P: scores, masked softmax per row.
+    acc.p.resize(m * n, 0.0);
+    mul_bt(&acc.qb, &acc.kn, m, n, d, &mut acc.p);
+    for (r, row) in acc.p.chunks_exact_mut(n).enumerate() {
+        let seen = n - (b - 1 - r % b);
+        let (live, masked) = row.split_at_mut(seen);
+        let max = live
+            .iter()
+            .fold(f32::NEG_INFINITY, |a, &x| a.max(x * scale));
+        let mut sum = 0f32;
+        for x in live.iter_mut() {
+            *x = (*x * scale - max).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in live.iter_mut() {
+            *x *= inv;
+        }
+        masked.fill(0.0);
+    }
+    // dS = s·P∘(dO·Vᵀ − D).
+    acc.ds.resize(m * n, 0.0);
+    mul_bt(&acc.dob, &acc.vn, m, n, d, &mut acc.ds);
+    for ((ds, p), &dd) in acc
+        .ds
+        .chunks_exact_mut(n)
+        .zip(acc.p.chunks_exact(n))
+        .zip(&acc.big_d)
+    {
+        for (ds, &p) in ds.iter_mut().zip(p) {
+            *ds = scale * p * (*ds - dd);
+        }
+    }
+    // dQ = dS·K into the rows' query heads.
+    acc.small.resize(m * d, 0.0);
+    mul(&acc.ds, &acc.kn, m, d, n, &mut acc.small);
+    for (hh, h) in (g * group..(g + 1) * group).enumerate() {
+        for t in 0..b {
+            let at = (i + t) * q_dim + h * d;
+            let src = &acc.small[(hh * b + t) * d..][..d];
+            for (x, y) in acc.dq[at..at + d].iter_mut().zip(src) {
+                *x += y;
+            }
+        }
+    }
+    // dK += dSᵀ·Q, dV += Pᵀ·dO, scattered to the keys' rows.
+    acc.big.resize(n * d, 0.0);
+    mul_at(&acc.ds, &acc.qb, n, d, m, &mut acc.big);
+    for (a, &j) in acc.keys.iter().enumerate() {
+        let dst = &mut acc.dk[j * kv_dim + g * d..][..d];
+        for (x, y) in dst.iter_mut().zip(&acc.big[a * d..][..d]) {
+            *x += y;
+        }
+    }
+    mul_at(&acc.p, &acc.dob, n, d, m, &mut acc.big);
+    for (a, &j) in acc.keys.iter().enumerate() {
+        let dst = &mut acc.dv[j * kv_dim + g * d..][..d];
+        for (x, y) in dst.iter_mut().zip(&acc.big[a * d..][..d]) {
+            *x += y;
+        }
+    }
+}
