@@ -8,6 +8,8 @@
 //! SwiGLU and RoPE (a rotation by the opposite angle) are row-wise, and attention's
 //! backward is tiled into matrix products (`attention_backward.rs`).
 
+use rayon::prelude::*;
+
 use super::super::error::TrainError;
 use super::super::layout::TreeLayout;
 use super::super::params::LayerParams;
@@ -144,12 +146,19 @@ pub fn block_backward(
 /// SwiGLU's backward: `act = silu(g)·u` with `silu(g) = g·σ(g)`; `d_act` is replaced by
 /// `dg = d_act·u·σ(g)(1 + g(1 − σ(g)))` and `du` written as `d_act·silu(g)`.
 pub fn swiglu_backward(g: &[f32], u: &[f32], d_act: &mut [f32], du: &mut [f32]) {
-    for (((&g, &u), d), du) in g.iter().zip(u).zip(d_act.iter_mut()).zip(du.iter_mut()) {
-        let s = 1.0 / (1.0 + (-g).exp());
-        let silu = g * s;
-        *du = *d * silu;
-        *d = *d * u * s * (1.0 + g * (1.0 - s));
-    }
+    // Elementwise, in parallel chunks (an `exp` each: 3M per layer at 2,000 rows).
+    const CHUNK: usize = 1 << 14;
+    d_act
+        .par_chunks_mut(CHUNK)
+        .zip(du.par_chunks_mut(CHUNK))
+        .zip(g.par_chunks(CHUNK).zip(u.par_chunks(CHUNK)))
+        .for_each(|((d_act, du), (g, u))| {
+            for (((&g, &u), d), du) in g.iter().zip(u).zip(d_act.iter_mut()).zip(du.iter_mut()) {
+                let s = 1.0 / (1.0 + (-g).exp());
+                *du = *d * g * s;
+                *d = *d * u * s * (1.0 + g * (1.0 - s));
+            }
+        });
 }
 
 /// RMSNorm's backward, row by row: `y = x·s·w` with `s = 1/sqrt(mean(x²) + eps)`.
