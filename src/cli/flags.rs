@@ -172,8 +172,9 @@ pub struct UpdateFlags {
     /// Forward every trajectory whole instead of each prompt's trajectories as a trie.
     #[arg(long)]
     pub no_packed: bool,
-    /// Rows per micro-batch (bounds memory; gradients accumulate across them).
-    #[arg(long, default_value_t = 2048)]
+    /// Rows per micro-batch (bounds memory; gradients accumulate across them). A
+    /// prompt's trie split over two micro-batches forwards its shared prefix twice.
+    #[arg(long, default_value_t = 4096)]
     pub micro_batch_tokens: usize,
 }
 

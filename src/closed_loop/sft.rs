@@ -38,7 +38,7 @@ impl Default for SftConfig {
         SftConfig {
             epochs: 2,
             batch_size: 8,
-            micro_batch_tokens: 2048,
+            micro_batch_tokens: 4096,
             max_grad_norm: 1.0,
             seed: 0,
         }

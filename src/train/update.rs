@@ -85,7 +85,7 @@ impl Default for UpdateConfig {
             loss: LossConfig::default(),
             max_grad_norm: 1.0,
             packed: true,
-            micro_batch_tokens: 2048,
+            micro_batch_tokens: 4096,
             temperature: 1.0,
         }
     }

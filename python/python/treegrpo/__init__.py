@@ -233,7 +233,7 @@ def update(
     Options, with ``treegrpo update``'s defaults: lr=1e-6, optimizer="adamw",
     weight_decay=0.01, warmup_steps=0, clip_low=0.2, clip_high=0.2, clip_c=3.0,
     loss_agg="token-mean", kl_coef=0.001, entropy_coef=0.001, tis_cap=2.0,
-    max_grad_norm=1.0, packed=True, micro_batch_tokens=2048. Serve the result with
+    max_grad_norm=1.0, packed=True, micro_batch_tokens=4096. Serve the result with
     ``engine.load_weights(out_dir)``.
     """
     return _treegrpo.update(model_path, trajectories, out_dir, **loss_options)
