@@ -129,7 +129,7 @@ pub fn update<'py>(
         let model = LoadedModel::load(&path).map_err(model_error)?;
         let data = parse_trajectories(&text, &source, model.model.config()).map_err(train_error)?;
         update_checkpoint(
-            &model,
+            model,
             &path,
             &data,
             optimizer,

@@ -189,8 +189,8 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    if a.resume.is_none() && a.warm_start > 0 {
-        warm_start(
+    let served = if a.resume.is_none() && a.warm_start > 0 {
+        Some(warm_start(
             &a,
             &rt,
             &model,
@@ -200,8 +200,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             &params,
             &out,
             serve_format,
-        )?;
-    }
+        )?)
+    } else {
+        None
+    };
     let mut run = TrainRun::new(
         engine,
         model,
@@ -213,6 +215,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         config,
         out.clone(),
     )?;
+    if let Some(model) = served {
+        run.set_served(model);
+    }
     if a.resume.is_some() {
         run = rt.block_on(run.resume())?;
         eprintln!("resuming after step {}", run.state.step);
@@ -293,7 +298,8 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 }
 
 /// The warm-start before the loop: eval of the untrained model, SFT on the oracle's
-/// demonstrations, the warm weights served; `warm_start.json` and `sft_log.jsonl`.
+/// demonstrations, the warm weights served (returned: the run trains on them);
+/// `warm_start.json` and `sft_log.jsonl`.
 #[allow(clippy::too_many_arguments)]
 fn warm_start(
     a: &TrainArgs,
@@ -305,7 +311,7 @@ fn warm_start(
     params: &Params,
     out: &Path,
     serve_format: WeightFormat,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Arc<treegrpo::model::Model>> {
     let before = if test.is_empty() {
         None
     } else {
@@ -336,7 +342,8 @@ fn warm_start(
         &mut |l| super::sft::print_sft_step(l, epochs, total),
     ))?;
     eprintln!();
-    rt.block_on(engine.load_weights(Arc::new(params.to_model(serve_format)?)))?;
+    let served = Arc::new(params.to_model(serve_format)?);
+    rt.block_on(engine.load_weights(served.clone()))?;
     let log: String = ws
         .steps
         .iter()
@@ -365,7 +372,7 @@ fn warm_start(
         ws.steps.first().map_or(0.0, |l| l.nll),
         ws.steps.last().map_or(0.0, |l| l.nll)
     );
-    Ok(())
+    Ok(served)
 }
 
 fn print_step(l: &StepLog) {

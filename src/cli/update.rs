@@ -54,7 +54,7 @@ pub fn run(a: UpdateArgs) -> anyhow::Result<()> {
     };
     let t_update = Instant::now();
     let report = update_checkpoint(
-        &m,
+        m,
         &model_path,
         &data,
         a.update.optimizer_config(),

@@ -28,13 +28,12 @@ use crate::advantage::AdvantageMode;
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::model::kernels::WeightFormat;
-use crate::model::LoadedModel;
+use crate::model::{LoadedModel, Model};
 use crate::rollout::export::TrajectoryRecord;
 use crate::rollout::{run_rollout, Progress, RolloutRequest, RunHooks, RunOptions, TreeConfig};
 use crate::train::{
-    fill_reference_logprobs, restore_weights, save_checkpoint, update_with_progress,
-    CheckpointExtras, KlReference, Optimizer, Params, TrainSample, UpdateConfig, UpdateMetrics,
-    UpdateProgress,
+    fill_reference_logprobs, restore_weights, save_checkpoint, update_serving, CheckpointExtras,
+    KlReference, Optimizer, Params, TrainSample, UpdateConfig, UpdateMetrics, UpdateProgress,
 };
 
 /// How the loop runs.
@@ -153,6 +152,9 @@ pub struct TrainRun {
     log: Option<LogFile>,
     /// Lines logged so far (resumed ones included).
     pub logged: Vec<StepLog>,
+    /// The model the engine serves when it is `params` in f32: the update runs on it
+    /// (one copy of the weights for serving and training).
+    served: Mutex<Option<Arc<Model>>>,
 }
 
 /// The checkpoint folder of a run folder.
@@ -229,6 +231,7 @@ impl TrainRun {
             log: None,
             logged: Vec::new(),
             out,
+            served: Mutex::new(None),
         })
     }
 
@@ -286,12 +289,17 @@ impl TrainRun {
 
     /// Swaps the trainer's current weights into the engine as the policy after `step`.
     async fn serve(&self, step: u64) -> Result<(), LoopError> {
-        let model = self.params.to_model(self.config.serve_format)?;
+        let model = Arc::new(self.params.to_model(self.config.serve_format)?);
         let version = self.state.base_version + step;
-        self.engine
-            .load_weights_as(Arc::new(model), version)
-            .await?;
+        self.engine.load_weights_as(model.clone(), version).await?;
+        self.set_served(model);
         Ok(())
+    }
+
+    /// Tells the run which model the engine serves (the caller's swap, before the
+    /// run starts); the next update runs on it if it holds `params`' values.
+    pub fn set_served(&self, model: Arc<Model>) {
+        *self.served.lock().unwrap_or_else(|p| p.into_inner()) = Some(model);
     }
 
     /// Greedy mean reward on the test prompts, and the seconds it took.
@@ -428,15 +436,26 @@ impl TrainRun {
                 })?;
             }
             let reference_seconds = t_reference.elapsed().as_secs_f64();
+            // Taken, not cloned: the weights change in the update, and the engine
+            // holds the model until the swap below replaces it.
+            let served = self.served.lock().unwrap_or_else(|p| p.into_inner()).take();
             let mut metrics = {
                 let (params, optimizer) = (&self.params, &mut self.optimizer);
                 let mut on_progress = |progress| emit(LoopEvent::Update { step, progress });
                 // The update is CPU work on this thread; the runtime's other workers
                 // keep serving (nothing else runs during it).
                 tokio::task::block_in_place(|| {
-                    update_with_progress(params, optimizer, &samples, &update_cfg, &mut on_progress)
+                    update_serving(
+                        params,
+                        served.as_ref(),
+                        optimizer,
+                        &samples,
+                        &update_cfg,
+                        &mut on_progress,
+                    )
                 })?
             };
+            drop(served);
             // The log's update time includes the reference's forward.
             metrics.seconds += reference_seconds;
             if stop.is_raised() {

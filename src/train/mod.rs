@@ -52,6 +52,7 @@ pub use optim::{Optimizer, OptimizerConfig, OptimizerKind};
 pub use params::Params;
 pub use reference::{fill_reference_logprobs, KlReference};
 pub use update::{
-    loss_and_gradients, loss_and_gradients_with_progress, update, update_with_progress, Evaluated,
-    Forwarded, TrainSample, UpdateConfig, UpdateMetrics, UpdateProgress,
+    loss_and_gradients, loss_and_gradients_serving, loss_and_gradients_with_progress, update,
+    update_serving, update_with_progress, Evaluated, Forwarded, TrainSample, UpdateConfig,
+    UpdateMetrics, UpdateProgress,
 };

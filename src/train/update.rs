@@ -15,6 +15,7 @@
 //! ([`aggregation_weights`]), so accumulating micro-batch gradients gives the
 //! gradient of the whole loss exactly.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -23,10 +24,10 @@ use serde::Serialize;
 use super::error::TrainError;
 use super::loss::{aggregation_weights, policy_loss_weighted, LossConfig, LossOutput, LossRow};
 use super::native::{Grads, NativeDecoder, NativeForward};
-use super::optim::{clip_to, squared_norms, Optimizer};
+use super::optim::{clip_scale, squared_norms, Optimizer};
 use super::pack::{pack, Packed};
 use super::params::Params;
-use crate::model::TokenId;
+use crate::model::{Model, TokenId};
 
 /// One trajectory as the update sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -199,6 +200,19 @@ pub fn loss_and_gradients_with_progress(
     want_grads: bool,
     progress: &mut dyn FnMut(UpdateProgress),
 ) -> Result<Evaluated, TrainError> {
+    loss_and_gradients_serving(params, None, samples, cfg, want_grads, progress)
+}
+
+/// [`loss_and_gradients_with_progress`] on `served`, the model an engine serves, when
+/// it holds `params`' values (see [`NativeDecoder::sharing`]): no second copy.
+pub fn loss_and_gradients_serving(
+    params: &Params,
+    served: Option<&Arc<Model>>,
+    samples: &[TrainSample],
+    cfg: &UpdateConfig,
+    want_grads: bool,
+    progress: &mut dyn FnMut(UpdateProgress),
+) -> Result<Evaluated, TrainError> {
     let dtype = params.dtype();
     // Every loss row of the update, in sample order, for the global weights.
     let mut all_rows = Vec::new();
@@ -225,7 +239,7 @@ pub fn loss_and_gradients_with_progress(
     // f32 weights train on the engine's own forward; f64 (the finite-difference
     // oracle) on the candle-autodiff decoder.
     let native = match dtype {
-        DType::F32 => Some(NativeDecoder::new(params)?),
+        DType::F32 => Some(NativeDecoder::sharing(params, served)?),
         _ => None,
     };
     let mut native_grads: Option<Grads> = None;
@@ -394,6 +408,20 @@ pub fn update_with_progress(
     cfg: &UpdateConfig,
     progress: &mut dyn FnMut(UpdateProgress),
 ) -> Result<UpdateMetrics, TrainError> {
+    update_serving(params, None, optimizer, samples, cfg, progress)
+}
+
+/// [`update_with_progress`] whose forward runs on `served` (the model an engine
+/// serves) when it holds `params`' values: a closed loop keeps one copy of the
+/// weights for serving and training.
+pub fn update_serving(
+    params: &Params,
+    served: Option<&Arc<Model>>,
+    optimizer: &mut Optimizer,
+    samples: &[TrainSample],
+    cfg: &UpdateConfig,
+    progress: &mut dyn FnMut(UpdateProgress),
+) -> Result<UpdateMetrics, TrainError> {
     let t0 = Instant::now();
     let Evaluated {
         loss: out,
@@ -401,8 +429,8 @@ pub fn update_with_progress(
         forwarded,
         micro_batches,
         rollout_gap,
-    } = loss_and_gradients_with_progress(params, samples, cfg, true, progress)?;
-    let mut grads = grads.expect("asked for gradients");
+    } = loss_and_gradients_serving(params, served, samples, cfg, true, progress)?;
+    let grads = grads.expect("asked for gradients");
     // One pass over the gradients: a NaN or infinity anywhere makes its tensor's
     // squared norm non-finite.
     let squared = squared_norms(&grads)?;
@@ -411,9 +439,10 @@ pub fn update_with_progress(
         return Err(TrainError::NonFiniteGradient { name });
     }
     let grad_norm = squared.iter().sum::<f64>().sqrt();
-    clip_to(&mut grads, grad_norm, cfg.max_grad_norm)?;
     let lr = optimizer.current_lr();
-    optimizer.step(params, &grads)?;
+    // Clipping's factor goes into the step: no scaled copy of every gradient.
+    optimizer.step_scaled(params, &grads, clip_scale(grad_norm, cfg.max_grad_norm))?;
+    drop(grads);
     Ok(UpdateMetrics {
         loss: out.loss,
         pg_loss: out.pg_loss,

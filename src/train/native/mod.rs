@@ -24,6 +24,8 @@ pub mod layer_backward;
 pub mod matmul;
 pub mod tree_store;
 
+use std::sync::Arc;
+
 use candle_core::DType;
 
 use super::decoder::{check_batch, PackedBatch};
@@ -33,7 +35,7 @@ use crate::model::attention::SeqSpan;
 use crate::model::kernels::WeightFormat;
 use crate::model::layer_forward::{LayerBuffers, LayerRecord};
 use crate::model::ops::rms_norm;
-use crate::model::Model;
+use crate::model::{KvFormat, Model};
 
 use grads::with_f32;
 pub use grads::Grads;
@@ -44,8 +46,9 @@ use tree_store::{edge_spans, TreeKvStore};
 /// The trainer's weights as the engine's model, beside the [`Params`] they came from.
 pub struct NativeDecoder<'p> {
     params: &'p Params,
-    /// The same values packed for our kernels (what the engine serves after a swap).
-    model: Model,
+    /// The same values packed for our kernels: what the engine serves after a swap,
+    /// and, when the caller hands it in, the very model the engine serves.
+    model: Arc<Model>,
 }
 
 /// What a forward computed, and (when kept for a backward) what it saved.
@@ -66,6 +69,48 @@ pub struct NativeForward {
     temperature: f32,
 }
 
+/// Whether `model` serves `params`' values: the same shape, f32 throughout (keys and
+/// values, every matrix), and equal values at samples of every weight (each norm
+/// whole, the embedding's first and last rows, each matrix's first row).
+fn serves(model: &Model, params: &Params) -> Result<bool, TrainError> {
+    let c = model.config();
+    if c != &params.config || model.kv_format != KvFormat::F32 {
+        return Ok(false);
+    }
+    let hidden = c.hidden_size;
+    let equal = |var: &candle_core::Var, ours: &[f32]| with_f32(var, |w| w.starts_with(ours));
+    let emb = &model.embedding;
+    let mut same = equal(&params.final_norm, &model.final_norm)?
+        && equal(&params.embedding, &emb[..hidden])?
+        && with_f32(&params.embedding, |w| {
+            w[w.len() - hidden..] == emb[emb.len() - hidden..]
+        })?;
+    for (lp, l) in params.layers.iter().zip(&model.layers) {
+        same = same && equal(&lp.attn_norm, &l.attn_norm)? && equal(&lp.ffn_norm, &l.ffn_norm)?;
+        for (var, lin) in [
+            (&lp.q, &l.q),
+            (&lp.k, &l.k),
+            (&lp.v, &l.v),
+            (&lp.o, &l.o),
+            (&lp.gate, &l.gate),
+            (&lp.up, &l.up),
+            (&lp.down, &l.down),
+        ] {
+            let Some(packed) = lin
+                .packed_weights()
+                .filter(|p| p.format() == WeightFormat::F32)
+            else {
+                return Ok(false);
+            };
+            let row: Vec<f32> = (0..lin.in_features())
+                .map(|k| packed.weight(0, k))
+                .collect();
+            same = same && equal(var, &row)?;
+        }
+    }
+    Ok(same)
+}
+
 impl<'p> NativeDecoder<'p> {
     /// A decoder over `params` (f32): their values packed once for the forward.
     pub fn new(params: &'p Params) -> Result<Self, TrainError> {
@@ -77,8 +122,24 @@ impl<'p> NativeDecoder<'p> {
         }
         Ok(NativeDecoder {
             params,
-            model: params.to_model(WeightFormat::F32)?,
+            model: Arc::new(params.to_model(WeightFormat::F32)?),
         })
+    }
+
+    /// A decoder over `params` that runs `served` — the model an engine serves, no
+    /// second copy of the weights — when it holds exactly these weights (f32
+    /// matrices, f32 keys and values, and equal values where [`serves`] samples
+    /// them: an update changes every weight), else over a copy packed anew.
+    pub fn sharing(params: &'p Params, served: Option<&Arc<Model>>) -> Result<Self, TrainError> {
+        match served {
+            Some(model) if params.dtype() == DType::F32 && serves(model, params)? => {
+                Ok(NativeDecoder {
+                    params,
+                    model: model.clone(),
+                })
+            }
+            _ => Self::new(params),
+        }
     }
 
     /// The packed model the forward runs.
