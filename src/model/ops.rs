@@ -68,6 +68,27 @@ impl Rope {
 
     /// Rotates every head of one row by precomputed [`Rope::angles`].
     pub fn rotate(&self, row: &mut [f32], angles: &[(f32, f32)]) {
+        self.each_pair(row, angles, |x0, x1, sin, cos| {
+            (x0 * cos - x1 * sin, x0 * sin + x1 * cos)
+        });
+    }
+
+    /// The backward of [`Rope::rotate`]: a row's gradient rotated by the opposite
+    /// angles (a rotation's transpose is its inverse).
+    pub fn rotate_back(&self, row: &mut [f32], angles: &[(f32, f32)]) {
+        self.each_pair(row, angles, |d0, d1, sin, cos| {
+            (d0 * cos + d1 * sin, d1 * cos - d0 * sin)
+        });
+    }
+
+    /// Applies `f(x0, x1, sin, cos)` to every rotated pair of every head of `row`.
+    #[inline(always)]
+    fn each_pair(
+        &self,
+        row: &mut [f32],
+        angles: &[(f32, f32)],
+        f: impl Fn(f32, f32, f32, f32) -> (f32, f32),
+    ) {
         let half = self.inv_freq.len();
         let head_dim = 2 * half;
         for head in row.chunks_exact_mut(head_dim) {
@@ -76,9 +97,7 @@ impl Rope {
                     RopeStyle::Interleaved => (2 * i, 2 * i + 1),
                     RopeStyle::HalfSplit => (i, i + half),
                 };
-                let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+                (head[a], head[b]) = f(head[a], head[b], sin, cos);
             }
         }
     }
@@ -107,24 +126,4 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
 pub fn swiglu_into(gate: &[f32], up: &[f32], out: &mut [f32]) {
     out.copy_from_slice(gate);
     swiglu(out, up);
-}
-
-impl Rope {
-    /// The backward of [`Rope::rotate`]: a row's gradient rotated by the opposite
-    /// angles (a rotation's transpose is its inverse).
-    pub fn rotate_back(&self, row: &mut [f32], angles: &[(f32, f32)]) {
-        let half = self.inv_freq.len();
-        let head_dim = 2 * half;
-        for head in row.chunks_exact_mut(head_dim) {
-            for (i, &(sin, cos)) in angles.iter().enumerate() {
-                let (a, b) = match self.style {
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    RopeStyle::HalfSplit => (i, i + half),
-                };
-                let (d0, d1) = (head[a], head[b]);
-                head[a] = d0 * cos + d1 * sin;
-                head[b] = d1 * cos - d0 * sin;
-            }
-        }
-    }
 }

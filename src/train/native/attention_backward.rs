@@ -13,10 +13,10 @@
 //! once per tile for all of its rows and query heads. Tiles run in parallel, each
 //! thread summing its keys' gradients into buffers of its own, added at the end.
 
-use gemm::{gemm, Parallelism};
 use rayon::prelude::*;
 
 use super::super::layout::TreeLayout;
+use super::matmul::{product, Threads, View};
 
 /// Rows of an edge one tile takes.
 pub const BLOCK_ROWS: usize = 32;
@@ -31,86 +31,35 @@ pub struct Heads {
 
 /// `c = a · bᵀ` (`a [m, k]`, `b [n, k]`, `c [m, n]`), all row-major and contiguous.
 fn mul_bt(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, c: &mut [f32]) {
-    // SAFETY: the callers size every buffer to these shapes.
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            k as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        )
-    }
+    product(
+        View::rows(a, m, k),
+        View::rows(b, n, k).t(),
+        c,
+        false,
+        Threads::This,
+    );
 }
 
 /// `c = a · b` (`a [m, k]`, `b [k, n]`).
 fn mul(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, c: &mut [f32]) {
-    // SAFETY: as `mul_bt`.
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            1,
-            k as isize,
-            b.as_ptr(),
-            1,
-            n as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        )
-    }
+    product(
+        View::rows(a, m, k),
+        View::rows(b, k, n),
+        c,
+        false,
+        Threads::This,
+    );
 }
 
 /// `c = aᵀ · b` (`a [k, m]`, `b [k, n]`).
 fn mul_at(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, c: &mut [f32]) {
-    // SAFETY: as `mul_bt`; `aᵀ` is `a` read with its strides swapped.
-    unsafe {
-        gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            a.as_ptr(),
-            m as isize,
-            1,
-            b.as_ptr(),
-            1,
-            n as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            Parallelism::None,
-        )
-    }
+    product(
+        View::rows(a, k, m).t(),
+        View::rows(b, k, n),
+        c,
+        false,
+        Threads::This,
+    );
 }
 
 /// One thread's sums and scratch.

@@ -7,10 +7,95 @@
 
 use gemm::{gemm, Parallelism};
 
-fn parallelism() -> Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => Parallelism::None,
-        n => Parallelism::Rayon(n),
+/// A matrix operand where it lies: `data[i · row_stride + j · col_stride]` is element
+/// `(i, j)` of a `rows × cols` matrix (a transpose is the same data, strides swapped).
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub row_stride: usize,
+    pub col_stride: usize,
+}
+
+impl<'a> View<'a> {
+    /// A row-major `rows × cols` matrix.
+    pub fn rows(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        View {
+            data,
+            rows,
+            cols,
+            row_stride: cols,
+            col_stride: 1,
+        }
+    }
+
+    /// The transpose, reading the same values.
+    pub fn t(self) -> Self {
+        View {
+            rows: self.cols,
+            cols: self.rows,
+            row_stride: self.col_stride,
+            col_stride: self.row_stride,
+            ..self
+        }
+    }
+
+    /// Whether every element lies inside `data`.
+    fn fits(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.row_stride + (self.cols - 1) * self.col_stride
+                < self.data.len()
+    }
+}
+
+/// Threads a product runs on: rayon's, or this one (inside a parallel loop).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Threads {
+    Rayon,
+    This,
+}
+
+/// `out (+)= a · b` into the row-major `out` (`a.rows × b.cols`); added to what `out`
+/// holds when `accumulate`. The one entry to `gemm` every product of the backward
+/// takes.
+pub fn product(a: View, b: View, out: &mut [f32], accumulate: bool, threads: Threads) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert!(
+        b.rows == k && a.fits() && b.fits() && out.len() >= m * n,
+        "product shapes"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    let parallelism = match (threads, rayon::current_num_threads()) {
+        (Threads::This, _) | (_, 0 | 1) => Parallelism::None,
+        (Threads::Rayon, t) => Parallelism::Rayon(t),
+    };
+    // SAFETY: `fits` and the length check bound every index gemm reads or writes.
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            out.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.col_stride as isize,
+            a.row_stride as isize,
+            b.data.as_ptr(),
+            b.col_stride as isize,
+            b.row_stride as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        );
     }
 }
 
@@ -25,66 +110,14 @@ pub fn input_grad(
     dx: &mut [f32],
     accumulate: bool,
 ) {
-    assert!(dy.len() >= rows * out && w.len() >= out * inp && dx.len() >= rows * inp);
-    if rows == 0 {
-        return;
-    }
-    // SAFETY: the asserts bound every index gemm reads or writes under these strides.
-    unsafe {
-        gemm(
-            rows,
-            inp,
-            out,
-            dx.as_mut_ptr(),
-            1,
-            inp as isize,
-            accumulate,
-            dy.as_ptr(),
-            1,
-            out as isize,
-            w.as_ptr(),
-            1,
-            inp as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(),
-        );
-    }
+    let (dy, w) = (View::rows(dy, rows, out), View::rows(w, out, inp));
+    product(dy, w, dx, accumulate, Threads::Rayon);
 }
 
 /// `dw += dyᵀ · x`: `dy [rows, out]`, `x [rows, in]`, `dw [out, in]`.
 pub fn weight_grad(dy: &[f32], x: &[f32], rows: usize, out: usize, inp: usize, dw: &mut [f32]) {
-    assert!(dy.len() >= rows * out && x.len() >= rows * inp && dw.len() >= out * inp);
-    if rows == 0 {
-        return;
-    }
-    // SAFETY: as in `input_grad`; `dyᵀ` is `dy` read with its strides swapped.
-    unsafe {
-        gemm(
-            out,
-            inp,
-            rows,
-            dw.as_mut_ptr(),
-            1,
-            inp as isize,
-            true,
-            dy.as_ptr(),
-            out as isize,
-            1,
-            x.as_ptr(),
-            1,
-            inp as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            parallelism(),
-        );
-    }
+    let (dy, x) = (View::rows(dy, rows, out), View::rows(x, rows, inp));
+    product(dy.t(), x, dw, true, Threads::Rayon);
 }
 
 #[cfg(test)]
