@@ -163,7 +163,7 @@ impl Model {
             let attn_s = SharedBuf::new(attn);
             let (gs, us) = (SharedBuf::new(g), SharedBuf::new(u));
             // Recording: the residual after attention and SwiGLU's output go here.
-            let (x_mid, act) = match record.as_deref_mut() {
+            let (x_mid, act) = match record {
                 Some(rec) => (
                     Some(SharedBuf::new(&mut rec.x_mid)),
                     Some(SharedBuf::new(&mut rec.act)),
