@@ -225,6 +225,11 @@ fn with_three<R>(
     .flatten()
 }
 
+/// Runs `f` on the values of two contiguous f32 tensors.
+fn with_two<R>(a: &Tensor, b: &Tensor, f: impl FnOnce(&[f32], &[f32]) -> R) -> Option<R> {
+    with_f32_slice(a, |a| with_f32_slice(b, |b| f(a, b))).flatten()
+}
+
 /// One AdamW step of an f32 weight on plain slices, each value computed with the
 /// tensor formula's operations in their order (so bit for bit what it gives), holding
 /// one new tensor at a time where the formula held about six: at 0.5B parameters the
@@ -249,14 +254,14 @@ fn adamw_f32(
     let coef = scale.map(f);
     let grad = |g: f32| coef.map_or(g, |k| g * k);
     // m ← β1 m + (1 − β1) g, then v ← β2 v + (1 − β2) g², one new tensor at a time.
-    let new_m = with_three(g, m, m, |g, m, _| {
+    let new_m = with_two(g, m, |g, m| {
         m.iter()
             .zip(g)
             .map(|(&m, &g)| m * b1 + grad(g) * one_b1)
             .collect::<Vec<f32>>()
     });
     *m = Tensor::from_vec(new_m.unwrap_or_default(), shape.clone(), &Device::Cpu)?;
-    let new_v = with_three(g, v, v, |g, v, _| {
+    let new_v = with_two(g, v, |g, v| {
         v.iter()
             .zip(g)
             .map(|(&v, &g)| {

@@ -80,17 +80,22 @@ struct Acc {
     big: Vec<f32>,
 }
 
-/// `(dq, dk, dv)` of tree attention (`q`, `out`, `dout`: `[rows, heads · d]`; `k`, `v`:
-/// `[rows, kv_heads · d]`), every row attending to its ancestors and itself.
-#[allow(clippy::too_many_arguments)]
+/// What the forward computed and the gradient of its output: `q`, `out`, `dout`
+/// `[rows, heads · d]`; `k`, `v` `[rows, kv_heads · d]`.
+#[derive(Clone, Copy)]
+pub struct Saved<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub out: &'a [f32],
+    pub dout: &'a [f32],
+}
+
+/// `(dq, dk, dv)` of tree attention, every row attending to its ancestors and itself.
 pub fn tree_attention_backward(
     layout: &TreeLayout,
     shape: Heads,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    dout: &[f32],
+    saved: Saved,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let rows = layout.len();
     let Heads {
@@ -123,7 +128,7 @@ pub fn tree_attention_backward(
         .par_iter()
         .with_min_len(tiles.len().div_ceil(4 * threads).max(1))
         .fold(fresh, |mut acc, &(g, i, b)| {
-            tile(layout, shape, q, k, v, out, dout, g, i, b, &mut acc);
+            tile(layout, shape, saved, (g, i, b), &mut acc);
             acc
         })
         .reduce_with(|mut a, b| {
@@ -139,20 +144,14 @@ pub fn tree_attention_backward(
 }
 
 /// The tile of KV head `g` over rows `i..i + b`.
-#[allow(clippy::too_many_arguments)]
 fn tile(
     layout: &TreeLayout,
     shape: Heads,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &[f32],
-    dout: &[f32],
-    g: usize,
-    i: usize,
-    b: usize,
+    saved: Saved,
+    (g, i, b): (usize, usize, usize),
     acc: &mut Acc,
 ) {
+    let Saved { q, k, v, out, dout } = saved;
     let Heads {
         heads,
         kv_heads,
@@ -241,18 +240,16 @@ fn tile(
     }
     // dK += dSᵀ·Q, dV += Pᵀ·dO, scattered to the keys' rows.
     acc.big.resize(n * d, 0.0);
-    mul_at(&acc.ds, &acc.qb, n, d, m, &mut acc.big);
-    for (a, &j) in acc.keys.iter().enumerate() {
-        let dst = &mut acc.dk[j * kv_dim + g * d..][..d];
-        for (x, y) in dst.iter_mut().zip(&acc.big[a * d..][..d]) {
-            *x += y;
-        }
-    }
-    mul_at(&acc.p, &acc.dob, n, d, m, &mut acc.big);
-    for (a, &j) in acc.keys.iter().enumerate() {
-        let dst = &mut acc.dv[j * kv_dim + g * d..][..d];
-        for (x, y) in dst.iter_mut().zip(&acc.big[a * d..][..d]) {
-            *x += y;
+    for (lhs, rhs, sums) in [
+        (&acc.ds, &acc.qb, &mut acc.dk),
+        (&acc.p, &acc.dob, &mut acc.dv),
+    ] {
+        mul_at(lhs, rhs, n, d, m, &mut acc.big);
+        for (a, &j) in acc.keys.iter().enumerate() {
+            let dst = &mut sums[j * kv_dim + g * d..][..d];
+            for (x, y) in dst.iter_mut().zip(&acc.big[a * d..][..d]) {
+                *x += y;
+            }
         }
     }
 }

@@ -82,20 +82,23 @@ pub fn backward(
         let at = c * CHUNK_ROWS;
         let n = chunk.len() / hidden;
         let mut dz = head.forward(chunk, n)?;
-        dz.par_chunks_mut(vocab).enumerate().for_each(|(j, row)| {
-            let (i, t) = (at + j, targets[at + j] as usize);
-            let (g, e, s) = (g_logp[i], g_entropy[i], scores[i]);
-            // The logits are replaced by their gradient, one element at a time, after
-            // each `exp` is taken from the logit in place.
-            let mut grads = vec![0f32; row.len()];
-            for_each_exp(row, inv_t, s.lse, |k, p| {
-                let log_p = row[k] as f64 * inv_t - s.lse;
-                let delta = if k == t { 1.0 } else { 0.0 };
-                grads[k] = (inv_t * (g * (delta - p) - e * p * (log_p + s.entropy))) as f32;
-                true
-            });
-            row.copy_from_slice(&grads);
-        });
+        // Each row's logits are copied aside (a buffer per thread, reused row after
+        // row) and the row is overwritten with their gradient.
+        dz.par_chunks_mut(vocab).enumerate().for_each_init(
+            Vec::new,
+            |logits: &mut Vec<f32>, (j, row)| {
+                let (i, t) = (at + j, targets[at + j] as usize);
+                let (g, e, s) = (g_logp[i], g_entropy[i], scores[i]);
+                logits.clear();
+                logits.extend_from_slice(row);
+                for_each_exp(logits, inv_t, s.lse, |k, p| {
+                    let log_p = logits[k] as f64 * inv_t - s.lse;
+                    let delta = if k == t { 1.0 } else { 0.0 };
+                    row[k] = (inv_t * (g * (delta - p) - e * p * (log_p + s.entropy))) as f32;
+                    true
+                });
+            },
+        );
         input_grad(
             &dz,
             head_weight,

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use super::super::error::TrainError;
 use super::super::layout::TreeLayout;
 use super::super::params::LayerParams;
-use super::attention_backward::{tree_attention_backward, Heads};
+use super::attention_backward::{tree_attention_backward, Heads, Saved};
 use super::grads::{with_f32, Grads, LayerSlots};
 use super::matmul::{input_grad, weight_grad};
 use crate::model::layer_forward::{LayerBuffers, LayerRecord};
@@ -102,8 +102,17 @@ pub fn block_backward(
         kv_heads: c.num_kv_heads,
         head_dim: c.head_dim,
     };
-    let (mut dq, mut dk, dv) =
-        tree_attention_backward(inp.layout, heads, &b.q, &b.k, &b.v, &b.attn, d_attn);
+    let (mut dq, mut dk, dv) = tree_attention_backward(
+        inp.layout,
+        heads,
+        Saved {
+            q: &b.q,
+            k: &b.k,
+            v: &b.v,
+            out: &b.attn,
+            dout: d_attn,
+        },
+    );
     for r in 0..rows {
         inp.rope
             .rotate_back(&mut dq[r * q_dim..(r + 1) * q_dim], &inp.angles[r]);
