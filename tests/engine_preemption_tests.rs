@@ -156,12 +156,15 @@ impl Run {
                     Sampling::Greedy
                 } else {
                     Sampling::Random {
+                        min_p: None,
                         temperature: 1.0,
                         top_k: None,
                         top_p: None,
                     }
                 };
                 let params = GenParams {
+                    penalties: treegrpo::engine::Penalties::NONE,
+                    top_logprobs: 0,
                     sampling,
                     max_new_tokens: rng.range(1, 10).min(room),
                     stop_tokens: Vec::new(),

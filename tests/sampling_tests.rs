@@ -66,6 +66,7 @@ fn truncated_sampling_equals_a_full_sort() {
             continue;
         }
         let s = Sampling::Random {
+            min_p: None,
             temperature: 0.8,
             top_k,
             top_p,

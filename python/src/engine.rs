@@ -14,7 +14,7 @@ use crate::awaitable::spawn_awaitable;
 use crate::convert;
 use crate::errors::{engine_error, model_error, value_error};
 use crate::runtime::wait;
-use crate::sampling::{finish_reason, stop_reason_name, SamplingArgs};
+use crate::sampling::{alternatives, finish_reason, stop_reason_name, Extensions, SamplingArgs};
 use crate::session::Session;
 use crate::tokenizer::Tokenizer;
 
@@ -93,7 +93,10 @@ impl PyEngine {
 
     /// Generates a completion of each prompt (texts or token-id lists), all batched
     /// together; returns one `Generation` per prompt, in order.
-    #[pyo3(signature = (prompts, max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None))]
+    /// vLLM's extensions: `min_p`, `repetition_penalty`, `presence_penalty`,
+    /// `frequency_penalty`, and `logprobs=N` for each token's N most likely
+    /// alternatives (`Generation.top_logprobs`).
+    #[pyo3(signature = (prompts, max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None, *, min_p=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logprobs=0))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -105,12 +108,24 @@ impl PyEngine {
         top_k: Option<usize>,
         stop: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
+        min_p: Option<f64>,
+        repetition_penalty: f64,
+        presence_penalty: f64,
+        frequency_penalty: f64,
+        logprobs: usize,
     ) -> PyResult<Vec<PyGeneration>> {
         let prompts = convert::prompts(self.model(), prompts)?;
         if prompts.is_empty() {
             return Ok(Vec::new());
         }
-        let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?;
+        let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?
+            .with_extensions(Extensions {
+                min_p,
+                repetition_penalty,
+                presence_penalty,
+                frequency_penalty,
+                logprobs,
+            });
         let eos = self.eos();
         let jobs: Vec<(Vec<TokenId>, GenParams)> = prompts
             .into_iter()
@@ -272,6 +287,9 @@ pub struct PyGeneration {
     weight_version: u64,
     /// The token ids decoded.
     text: String,
+    /// With `logprobs=N`: each token's N most likely alternatives, `(token_id,
+    /// logprob)` pairs under the same distribution as `logprobs` (else empty).
+    top_logprobs: Vec<Vec<(TokenId, f32)>>,
 }
 
 impl PyGeneration {
@@ -283,6 +301,7 @@ impl PyGeneration {
             finish_reason: finish_reason(g.stop),
             stop_reason: stop_reason_name(g.stop),
             weight_version: g.weight_version,
+            top_logprobs: alternatives(&g.top_logprobs),
         })
     }
 }
@@ -298,6 +317,7 @@ impl PyGeneration {
         d.set_item("stop_reason", self.stop_reason)?;
         d.set_item("weight_version", self.weight_version)?;
         d.set_item("text", &self.text)?;
+        d.set_item("top_logprobs", &self.top_logprobs)?;
         Ok(d)
     }
 
