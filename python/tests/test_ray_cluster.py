@@ -2,7 +2,8 @@
 its own raylet and object store, on loopback only), started and shut down by this
 module. The pool's replicas land on three different nodes; a node removed in the
 middle of a rollout takes its replica with it, the prompts that replica had are re-run
-on the other nodes, and the trajectories are still those of one engine in-process."""
+on the other nodes, and the trajectories are still those of one engine in-process; a
+replica pinned to a node that is gone fails the pool with Ray's reason."""
 
 import os
 
@@ -13,12 +14,13 @@ import treegrpo
 try:
     import ray
     from ray.cluster_utils import Cluster
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ImportError:
     if os.environ.get("TREEGRPO_REQUIRE_PYTHON_PACKAGE"):
         raise
     pytest.skip("ray is not installed (pip install 'treegrpo[ray]')", allow_module_level=True)
 
-from treegrpo.ray import RolloutPool
+from treegrpo.ray import PoolError, RolloutPool
 
 from conftest import TEST_MODEL
 
@@ -117,3 +119,12 @@ def test_replicas_spread_over_nodes_and_a_lost_nodes_prompts_are_rerun_elsewhere
         assert lost_node not in live and set(live) <= alive_nodes()
         [g] = pool.generate(["2 + 2 ="], max_tokens=2)
         assert len(g["token_ids"]) >= 1
+
+
+def test_a_replica_pinned_to_a_lost_node_fails_the_pool_with_its_cause(cluster):
+    cluster, _ = cluster
+    node = cluster.add_node(**NODE)
+    cluster.remove_node(node)
+    pinned = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+    with pytest.raises(PoolError, match="no replica of the pool started: .*not schedulable"):
+        RolloutPool(1, threads=1, start_timeout=60, actor_options={"scheduling_strategy": pinned}, **ENGINE)

@@ -24,6 +24,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 
 import ray
 from ray.exceptions import (
+    ActorUnschedulableError,
     NodeDiedError,
     ObjectLostError,
     RayActorError,
@@ -189,7 +190,8 @@ class RolloutPool:
         actor = slot.actor
         try:
             slot.info = ray.get(slot.ready_ref)
-        except REPLICA_LOST as e:
+        except (*REPLICA_LOST, ActorUnschedulableError) as e:
+            # Unschedulable: its strategy names a node that is gone (node affinity).
             slot.last_error = _cause(e)
             self._mark_dead(slot, actor)
             return
