@@ -14,7 +14,9 @@ use crate::awaitable::spawn_awaitable;
 use crate::convert;
 use crate::errors::{engine_error, model_error, value_error};
 use crate::runtime::wait;
-use crate::sampling::{alternatives, finish_reason, stop_reason_name, Extensions, SamplingArgs};
+use crate::sampling::{
+    alternatives, finish_reason, stop_reason_name, verl_stop_reason, Extensions, SamplingArgs,
+};
 use crate::session::Session;
 use crate::tokenizer::Tokenizer;
 
@@ -140,17 +142,31 @@ impl PyEngine {
             .collect()
     }
 
-    /// verl's async rollout-server call: `await engine.agenerate(prompt_ids,
-    /// sampling_params, request_id)` → `{"token_ids", "log_probs", "stop_reason"}`.
-    /// Calls made at once from many asyncio tasks share the engine's batches.
-    #[pyo3(signature = (prompt_ids, sampling_params=None, request_id=None))]
+    /// verl's rollout-server call (verl 0.9.1's vLLM and SGLang servers'
+    /// `generate`): `await engine.agenerate(prompt_ids, sampling_params, request_id)`,
+    /// or all by keyword as verl's `LLMServerClient` calls it, → a
+    /// `treegrpo.adapters.TokenOutput` (`token_ids`, `log_probs`, `routed_experts`,
+    /// `stop_reason`, `num_preempted`, `extra_fields`). Calls made at once from many
+    /// asyncio tasks share the engine's batches. `image_data` and `video_data` must be
+    /// None: the engine is text-only.
+    #[pyo3(signature = (prompt_ids, sampling_params=None, request_id=None, *, image_data=None, video_data=None))]
     fn agenerate<'py>(
         &self,
         py: Python<'py>,
         prompt_ids: &Bound<'py, PyAny>,
         sampling_params: Option<&Bound<'py, PyDict>>,
         request_id: Option<String>,
+        image_data: Option<&Bound<'py, PyAny>>,
+        video_data: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        for (name, data) in [("image_data", image_data), ("video_data", video_data)] {
+            if data.is_some_and(|d| !d.is_none()) {
+                return Err(value_error(format!(
+                    "{name}: this engine serves a text-only model; pass None \
+                     (multi-modal prompts are not supported)"
+                )));
+            }
+        }
         let ids = convert::token_ids(prompt_ids)?;
         let args = SamplingArgs::from_dict(sampling_params, 256)?;
         // The request id seeds the request's RNG stream, so a retried request
@@ -164,14 +180,7 @@ impl PyEngine {
                 let mut done = generate_all(&engine, vec![(ids, params)]).await?;
                 Ok(done.remove(0))
             },
-            |py, g: Generation| {
-                let out = PyDict::new(py);
-                out.set_item("token_ids", PyList::new(py, &g.tokens)?)?;
-                out.set_item("log_probs", PyList::new(py, &g.logprobs)?)?;
-                out.set_item("stop_reason", finish_reason(g.stop))?;
-                out.set_item("weight_version", g.weight_version)?;
-                Ok(out.into_any())
-            },
+            token_output,
         )
     }
 
@@ -263,6 +272,30 @@ pub(crate) async fn generate_all(
         out[i] = Some(g);
     }
     Ok(out.into_iter().flatten().collect())
+}
+
+/// A finished generation as verl's `TokenOutput` (the Python dataclass
+/// `treegrpo.adapters.TokenOutput`, so it pickles across Ray and its
+/// `extra_fields` is a dict verl's agent loop can add to). `stop_reason` is
+/// `"completed"` for every way our generation ends, as verl's vLLM server maps
+/// vLLM's `stop` and `length` (`"aborted"` is a request cut by a weight sync; ours
+/// finish on the old weights instead). `num_preempted` is None: the engine counts
+/// preemptions in total (`stats()`), not per request. `extra_fields` carries the
+/// weight version and the finish reason in vLLM's words (`stop`, `length`).
+fn token_output(py: Python<'_>, g: Generation) -> PyResult<Bound<'_, PyAny>> {
+    let extra = PyDict::new(py);
+    extra.set_item("weight_version", g.weight_version)?;
+    extra.set_item("finish_reason", finish_reason(g.stop))?;
+    let fields = PyDict::new(py);
+    fields.set_item("token_ids", PyList::new(py, &g.tokens)?)?;
+    fields.set_item("log_probs", PyList::new(py, &g.logprobs)?)?;
+    fields.set_item("routed_experts", py.None())?;
+    fields.set_item("stop_reason", verl_stop_reason(g.stop))?;
+    fields.set_item("num_preempted", py.None())?;
+    fields.set_item("extra_fields", extra)?;
+    py.import("treegrpo.adapters")?
+        .getattr("TokenOutput")?
+        .call((), Some(&fields))
 }
 
 /// FNV-1a of a request id: a seed word that is the same in every process.

@@ -204,6 +204,19 @@ pub fn finish_reason(stop: StopReason) -> &'static str {
     }
 }
 
+/// The stop reason in verl's `TokenOutput` words: verl's vLLM server maps vLLM's
+/// `stop` and `length` to `"completed"` (and an aborted request to `"aborted"`,
+/// which no generation of ours is: a weight swap lets it finish on the old
+/// weights). One arm per reason, so a new reason must be placed here.
+pub fn verl_stop_reason(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::StopToken
+        | StopReason::StopString
+        | StopReason::MaxTokens
+        | StopReason::ContextFull => "completed",
+    }
+}
+
 /// The engine's own name of a stop reason.
 pub fn stop_reason_name(stop: StopReason) -> &'static str {
     match stop {

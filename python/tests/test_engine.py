@@ -109,10 +109,10 @@ def test_sixteen_asyncio_tasks_share_engine_steps(engine):
     before = engine.stats()["counters"]["steps"]
     outs = asyncio.run(main())
     steps = engine.stats()["counters"]["steps"] - before
-    generated = sum(len(o["token_ids"]) for o in outs)
-    assert all(set(o) >= {"token_ids", "log_probs", "stop_reason"} for o in outs)
-    assert all(len(o["token_ids"]) == len(o["log_probs"]) for o in outs)
-    assert all(o["stop_reason"] in ("stop", "length") for o in outs)
+    generated = sum(len(o.token_ids) for o in outs)
+    assert all(o.extra_fields["weight_version"] == engine.weight_version for o in outs)
+    assert all(len(o.token_ids) == len(o.log_probs) for o in outs)
+    assert all(o.stop_reason == "completed" for o in outs)
     # Batched: far fewer engine steps than tokens generated (one step per token alone).
     assert steps < generated / 4, (steps, generated)
     # A request id names its sampling stream: the same id samples the same tokens.
@@ -120,7 +120,7 @@ def test_sixteen_asyncio_tasks_share_engine_steps(engine):
         return await engine.agenerate(ids, {"temperature": 1.0, "max_tokens": 16}, "req-3")
 
     again = asyncio.run(one())
-    assert again["token_ids"] == outs[3]["token_ids"]
+    assert again.token_ids == outs[3].token_ids
 
 
 def test_the_gil_is_released_while_the_engine_works(engine):

@@ -3,6 +3,8 @@
 from os import PathLike
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
+from .adapters import TokenOutput
+
 __version__: str
 
 Prompt = Union[str, Sequence[int]]
@@ -98,9 +100,15 @@ class Engine:
         prompt_ids: Sequence[int],
         sampling_params: Optional[Dict[str, Any]] = None,
         request_id: Optional[str] = None,
-    ) -> Awaitable[Dict[str, Any]]:
-        """verl's async server call: ``{"token_ids", "log_probs", "stop_reason",
-        "weight_version"}``."""
+        *,
+        image_data: None = None,
+        video_data: None = None,
+    ) -> Awaitable[TokenOutput]:
+        """verl 0.9.1's rollout-server ``generate`` (positional, or all by keyword as
+        verl's client calls it): a :class:`treegrpo.adapters.TokenOutput` with
+        ``stop_reason="completed"`` and ``extra_fields`` ``{"weight_version",
+        "finish_reason"}``. The request id seeds the sampling. ``image_data`` and
+        ``video_data`` other than None are a ``ValueError`` (text-only engine)."""
     def session(self, prompt_ids: Prompt) -> Session: ...
     def load_weights(self, path: Union[str, PathLike[str]], version: Optional[int] = None) -> int:
         """Serves a checkpoint's weights from now on; returns the new version
