@@ -23,8 +23,7 @@ pub enum ServeError {
     Body(#[source] serde_json::Error),
     /// The body holds a field this endpoint does not read.
     #[error(
-        "unknown field `{0}`: this endpoint does not read it (the accepted fields are in \
-         docs/server.md)"
+        "unknown field `{0}`: this endpoint does not read it (see the README's server section)"
     )]
     UnknownField(String),
     /// The body is over the server's size limit (`--max-body-mib`).
