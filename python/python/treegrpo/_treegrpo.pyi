@@ -1,7 +1,7 @@
 """Type stubs of the compiled module ``treegrpo._treegrpo`` (see ``python/src``)."""
 
 from os import PathLike
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union, Tuple
 
 from .adapters import TokenOutput
 
@@ -24,6 +24,9 @@ class Generation:
     """The weights every token was sampled under."""
     text: str
     """The token ids decoded."""
+    top_logprobs: List[List[Tuple[int, float]]]
+    """With ``logprobs=N``: each token's N most likely ``(token_id, logprob)``
+    alternatives under the distribution ``logprobs`` are taken from (else empty)."""
     def to_dict(self) -> Dict[str, Any]: ...
     def __len__(self) -> int: ...
 
@@ -59,6 +62,12 @@ class Session:
         top_k: Optional[int] = None,
         stop: Union[None, str, Sequence[str]] = None,
         seed: Optional[int] = None,
+        *,
+        min_p: Optional[float] = None,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logprobs: int = 0,
     ) -> Generation:
         """Generates from the session's tokens; the tokens become part of it."""
     def append(self, token_ids: Sequence[int]) -> None: ...
@@ -93,8 +102,16 @@ class Engine:
         top_k: Optional[int] = None,
         stop: Union[None, str, Sequence[str]] = None,
         seed: Optional[int] = None,
+        *,
+        min_p: Optional[float] = None,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logprobs: int = 0,
     ) -> List[Generation]:
-        """Completes every prompt (texts or token-id lists) in one batch."""
+        """Completes every prompt (texts or token-id lists) in one batch. vLLM's
+        extensions: ``min_p``, the three penalties (they shape the choice; ``logprobs``
+        stay the model's), ``logprobs=N`` alternatives per token (up to 20)."""
     def agenerate(
         self,
         prompt_ids: Sequence[int],
