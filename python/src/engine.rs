@@ -279,8 +279,9 @@ pub(crate) async fn generate_all(
 /// `extra_fields` is a dict verl's agent loop can add to). `stop_reason` is
 /// `"completed"` for every way our generation ends, as verl's vLLM server maps
 /// vLLM's `stop` and `length` (`"aborted"` is a request cut by a weight sync; ours
-/// finish on the old weights instead). `num_preempted` is None: the engine counts
-/// preemptions in total (`stats()`), not per request. `extra_fields` carries the
+/// finish on the old weights instead). `num_preempted`: the times the request's
+/// sequence was preempted (its KV dropped and recomputed) while it generated.
+/// `extra_fields` carries the
 /// weight version and the finish reason in vLLM's words (`stop`, `length`).
 fn token_output(py: Python<'_>, g: Generation) -> PyResult<Bound<'_, PyAny>> {
     let extra = PyDict::new(py);
@@ -291,7 +292,7 @@ fn token_output(py: Python<'_>, g: Generation) -> PyResult<Bound<'_, PyAny>> {
     fields.set_item("log_probs", PyList::new(py, &g.logprobs)?)?;
     fields.set_item("routed_experts", py.None())?;
     fields.set_item("stop_reason", verl_stop_reason(g.stop))?;
-    fields.set_item("num_preempted", py.None())?;
+    fields.set_item("num_preempted", g.preemptions)?;
     fields.set_item("extra_fields", extra)?;
     py.import("treegrpo.adapters")?
         .getattr("TokenOutput")?

@@ -98,7 +98,7 @@ def test_agenerate_answers_as_a_verl_rollout_server(engine):
     assert all(isinstance(t, int) for t in out.token_ids)
     assert all(lp <= 0.0 for lp in out.log_probs)
     assert out.stop_reason in VERL_STOP_REASONS and out.stop_reason == "completed"
-    assert out.routed_experts is None and out.num_preempted is None
+    assert out.routed_experts is None and out.num_preempted == 0
     assert out.extra_fields["weight_version"] == engine.weight_version
     assert out.extra_fields["finish_reason"] in ("stop", "length")
     # The request id seeds the sampling: the same id, the same tokens, however called.

@@ -43,6 +43,9 @@ pub struct Generation {
     /// Per token, the `top_logprobs` most likely alternatives (empty lists when none
     /// were asked for).
     pub top_logprobs: Vec<Vec<TokenLogprob>>,
+    /// Times its sequence was preempted (KV dropped, recomputed) while it generated
+    /// (verl's `num_preempted`).
+    pub preemptions: u32,
 }
 
 #[derive(Debug)]
@@ -55,6 +58,8 @@ pub(super) struct GenState {
     pub(super) top_logprobs: Vec<Vec<TokenLogprob>>,
     /// What the penalties look at; `None` when there are none.
     pub(super) history: Option<TokenHistory>,
+    /// Preemptions of the sequence during this generation.
+    pub(super) preemptions: u32,
     /// Each kept token is also reported through [`EngineCore::take_streamed`] as it
     /// is sampled (a server streaming tokens to its client).
     pub(super) stream: bool,
@@ -355,6 +360,7 @@ impl EngineCore {
             logprobs: Vec::new(),
             top_logprobs: Vec::new(),
             history,
+            preemptions: 0,
             stream,
         });
         // Everything is cached already (a fork at a node's end): sample right away.

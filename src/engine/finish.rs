@@ -151,6 +151,7 @@ impl EngineCore {
                     stop: reason,
                     weight_version: self.weight_version,
                     top_logprobs: g.top_logprobs,
+                    preemptions: g.preemptions,
                 }),
             ));
         }

@@ -33,8 +33,8 @@ class TokenOutput:
     sampling distribution. ``routed_experts``: None (a dense model).
     ``stop_reason``: ``"completed"`` (verl's word for vLLM's ``stop`` and
     ``length``; ``"aborted"`` and None are the other values verl knows).
-    ``num_preempted``: None (unknown: the engine counts preemptions in total, in
-    :meth:`Engine.stats`). ``extra_fields``: ``weight_version`` (the weights every
+    ``num_preempted``: the times the request's sequence was preempted (its KV
+    dropped under memory pressure, then recomputed) while it generated. ``extra_fields``: ``weight_version`` (the weights every
     token was sampled under) and ``finish_reason`` (``"stop"`` or ``"length"``).
     """
 
