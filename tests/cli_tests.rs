@@ -379,3 +379,28 @@ fn generate_takes_vllm_sampling_options_and_refuses_bad_ones() {
         assert!(stderr.contains(named), "{flag}: {stderr}");
     }
 }
+
+/// `treegrpo rollout --keep 0` and `--temperature=-1` fail before any rollout, with
+/// the library's words (the server and Python say the same).
+#[test]
+fn rollout_refuses_keep_zero_and_a_negative_temperature_up_front() {
+    for (flags, want) in [
+        (
+            vec!["--keep", "0"],
+            treegrpo::rollout::TreeConfigError::KeepZero.to_string(),
+        ),
+        (
+            vec!["--temperature=-1"],
+            treegrpo::engine::SamplingError::Temperature(-1.0).to_string(),
+        ),
+    ] {
+        let out = treegrpo()
+            .args(["rollout", "--prompts", "1"])
+            .args(&flags)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flags:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&want), "{flags:?}: {stderr}");
+    }
+}

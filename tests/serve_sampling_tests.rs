@@ -258,3 +258,36 @@ fn unknown_and_out_of_range_fields_are_400_naming_them() {
         &json!({"model": "tiny", "user": "me", "prompt": PROMPT, "max_tokens": 2}),
     ));
 }
+
+/// One rule for a search's options: the server answers `keep: 0` and a negative
+/// temperature with the library's own words (`TreeConfig::validate`,
+/// `Sampling::new`), naming the field, before any rollout starts.
+#[test]
+fn rollout_options_are_refused_with_the_librarys_words() {
+    let f = serve();
+    let want_keep = treegrpo::rollout::TreeConfigError::KeepZero.to_string();
+    let body = refused(
+        http::post(
+            f.server.addr,
+            "/v1/rollouts",
+            &json!({"task": "calc", "prompts": 1, "keep": 0}),
+        ),
+        "keep",
+    );
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains(&want_keep));
+    for t in [-1.0, -0.5] {
+        let body = refused(
+            http::post(
+                f.server.addr,
+                "/v1/rollouts",
+                &json!({"task": "calc", "prompts": 1, "temperature": t}),
+            ),
+            "temperature",
+        );
+        let want = treegrpo::engine::SamplingError::Temperature(t as f32).to_string();
+        assert!(body["error"]["message"].as_str().unwrap().contains(&want));
+    }
+}

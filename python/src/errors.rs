@@ -72,9 +72,9 @@ pub fn rollout_error(e: RolloutError) -> PyErr {
         RolloutError::Env(e) => env_error(e),
         RolloutError::Model(e) => model_error(e),
         RolloutError::Io(path, e) => io_error(&e, format!("{}: {e}", path.display())),
-        e @ (RolloutError::Advantage(_) | RolloutError::ForestLine { .. }) => {
-            PyValueError::new_err(e.to_string())
-        }
+        e @ (RolloutError::Advantage(_)
+        | RolloutError::ForestLine { .. }
+        | RolloutError::Config(_)) => PyValueError::new_err(e.to_string()),
         e => PyRuntimeError::new_err(error_chain(&e)),
     }
 }

@@ -30,7 +30,8 @@ where
     T::from_str(s).map_err(|e| value_error(format!("{what}: {e}")))
 }
 
-/// The search's shape and sampling, checked.
+/// The search's shape and sampling, checked by the library's own rule
+/// (`TreeConfig::validate`: the CLI's and the server's words).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn tree_config(
     trees: usize,
@@ -43,33 +44,15 @@ pub(crate) fn tree_config(
     max_step_tokens: usize,
     temperature: f64,
 ) -> PyResult<TreeConfig> {
-    if chains == Some(0) || (chains.is_none() && trees == 0) {
-        return Err(value_error(
-            "a rollout needs at least one tree (or chain) per prompt",
-        ));
-    }
-    if keep == Some(0) {
-        return Err(value_error(
-            "keep must be at least 1 (or None for every leaf)",
-        ));
-    }
-    if max_step_tokens == 0 {
-        return Err(value_error("max_step_tokens must be at least 1"));
-    }
-    if !temperature.is_finite() || temperature < 0.0 {
-        return Err(value_error("temperature must be a non-negative number"));
-    }
+    let sampling = Sampling::new(temperature as f32, None, None, None)
+        .map_err(|e| value_error(e.to_string()))?;
     let shape = TreeShape {
         keep,
         ..TreeShape::tree(trees, expand, rounds, parse::<Selection>("select", select)?)
     };
-    let mut config = TreeConfig::chains_or_tree(
-        chains,
-        shape,
-        Sampling::from_temperature(Some(temperature as f32)),
-        seed,
-    );
+    let mut config = TreeConfig::chains_or_tree(chains, shape, sampling, seed);
     config.max_step_tokens = max_step_tokens;
+    config.validate().map_err(|e| value_error(e.to_string()))?;
     Ok(config)
 }
 

@@ -201,6 +201,8 @@ def test_a_built_in_task(engine):
         (dict(env="no-such-task", samples=1), ValueError),
         (dict(env=CalcTask, samples=3), ValueError),
         (dict(env=CalcTask, samples=SAMPLES, trees=0), ValueError),
+        (dict(env=CalcTask, samples=SAMPLES, keep=0), ValueError),
+        (dict(env=CalcTask, samples=SAMPLES, temperature=-1.0), ValueError),
         (dict(env=CalcTask, samples=SAMPLES, select="best"), ValueError),
         (dict(env=CalcTask, samples=SAMPLES, advantage="magic"), ValueError),
         (dict(env=CalcTask, samples=[]), ValueError),
@@ -225,3 +227,11 @@ def test_ctrl_c_stops_a_rollout_and_frees_its_sequences(engine, sigint_raises):
     assert engine.stats()["sequences"] == 0
     result = treegrpo.rollout(engine, CalcTask, SAMPLES[:1], chains=2, max_turns=1, max_step_tokens=8)
     assert len(result.trajectories) == 2
+
+
+def test_rollout_options_are_refused_in_the_librarys_words(engine):
+    """The CLI and the server say the same (tests/cli_tests.rs, serve_sampling_tests.rs)."""
+    with pytest.raises(ValueError, match=r"keep must be at least 1 \(or absent: every leaf\)"):
+        treegrpo.rollout(engine, CalcTask, SAMPLES, keep=0)
+    with pytest.raises(ValueError, match=r"temperature -1 is not a temperature"):
+        treegrpo.rollout(engine, CalcTask, SAMPLES, temperature=-1.0)

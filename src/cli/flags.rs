@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 use treegrpo::engine::Sampling;
 use treegrpo::env::{Task, TaskData};
-use treegrpo::rollout::{Selection, TreeConfig, TreeShape};
+use treegrpo::rollout::{Selection, TreeConfig, TreeConfigError, TreeShape};
 use treegrpo::train::{LossAgg, LossConfig, OptimizerConfig, OptimizerKind, UpdateConfig};
 
 #[derive(Debug, Clone, Args)]
@@ -104,8 +104,8 @@ pub struct StepFlags {
 
 impl TreeFlags {
     /// The search these flags describe (prefixes reused).
-    pub fn tree_config(&self) -> TreeConfig {
-        let sampling = Sampling::from_temperature(Some(self.step.temperature));
+    pub fn tree_config(&self) -> Result<TreeConfig, TreeConfigError> {
+        let sampling = Sampling::new(self.step.temperature, None, None, None)?;
         let tree = TreeShape {
             trees: self.trees,
             expand: self.expand,
@@ -115,7 +115,8 @@ impl TreeFlags {
         };
         let mut cfg = TreeConfig::chains_or_tree(self.chains, tree, sampling, self.step.seed);
         cfg.max_step_tokens = self.step.max_step_tokens;
-        cfg
+        cfg.validate()?;
+        Ok(cfg)
     }
 
     pub fn check(&self) -> anyhow::Result<()> {

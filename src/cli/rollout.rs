@@ -49,10 +49,10 @@ pub struct RolloutArgs {
 }
 
 impl RolloutArgs {
-    pub fn tree_config(&self) -> TreeConfig {
-        let mut cfg = self.tree.tree_config();
+    pub fn tree_config(&self) -> Result<TreeConfig, treegrpo::rollout::TreeConfigError> {
+        let mut cfg = self.tree.tree_config()?;
         cfg.prefix_reuse = !self.no_prefix_reuse;
-        cfg
+        Ok(cfg)
     }
 }
 
@@ -102,7 +102,7 @@ pub async fn execute(
 
 pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
     a.tree.check()?;
-    let cfg = a.tree_config();
+    let cfg = a.tree_config()?;
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
     let model = Arc::new(
         a.precision

@@ -142,7 +142,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let (env, mut train) = a.source.task.setup(&data, a.tree.step.turns, usize::MAX)?;
     train.drain(..warm_started.min(train.len()));
     let test = a.source.task.split(&data, Split::Test, a.eval_prompts)?;
-    let tree = a.tree.tree_config();
+    let tree = a.tree.tree_config()?;
     let serve_format = match a.serve {
         ServeFormat::F32 => WeightFormat::F32,
         ServeFormat::Bf16 => WeightFormat::Bf16,

@@ -95,6 +95,25 @@ impl Sampling {
         }
     }
 
+    /// Whether [`Sampling::new`] could have made this value (a hand-built
+    /// `Sampling::Random` with a negative temperature could not).
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        match *self {
+            Sampling::Greedy => Ok(()),
+            Sampling::Random {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+            } => {
+                if temperature == 0.0 {
+                    return Err(SamplingError::Temperature(temperature));
+                }
+                Sampling::new(temperature, top_k, top_p, min_p).map(|_| ())
+            }
+        }
+    }
+
     /// The checked constructor: temperature 0 is greedy (the truncations do not
     /// change an argmax), above 0 samples; a negative or non-finite temperature, a
     /// `top_p` outside (0, 1] or a `min_p` outside [0, 1] is an error. `top_k` 0,

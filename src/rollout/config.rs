@@ -5,7 +5,33 @@
 use serde::{Deserialize, Serialize};
 
 use super::select::Selection;
-use crate::engine::Sampling;
+use crate::engine::{Sampling, SamplingError};
+
+/// A search that cannot run as asked: refused before anything is computed, with the
+/// same words whichever way it came in (CLI, server, Python, Ray).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TreeConfigError {
+    #[error("trees must be at least 1 (or chains, for the GRPO baseline)")]
+    NoTrees,
+    #[error("keep must be at least 1 (or absent: every leaf)")]
+    KeepZero,
+    #[error("max_step_tokens must be at least 1")]
+    NoStepTokens,
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+}
+
+impl TreeConfigError {
+    /// The option at fault, by its request-field name.
+    pub fn field(&self) -> &'static str {
+        match self {
+            TreeConfigError::NoTrees => "trees",
+            TreeConfigError::KeepZero => "keep",
+            TreeConfigError::NoStepTokens => "max_step_tokens",
+            TreeConfigError::Sampling(e) => e.field(),
+        }
+    }
+}
 
 /// The shape of a search: M trees per prompt, N branches per tree per round, L
 /// rounds, K leaves kept, and how expansion nodes are chosen.
@@ -98,6 +124,23 @@ impl TreeConfig {
     /// Whether the search grows no branches (G chains): the GRPO baseline.
     pub fn is_chains(&self) -> bool {
         self.shape.is_chains()
+    }
+
+    /// Checks what a run needs: at least one tree (or chain), `keep` of at least one
+    /// leaf, steps of at least one token, a sampling the engine's constructor would
+    /// give. `run_rollout` calls it first, so every way in gets the same answer.
+    pub fn validate(&self) -> Result<(), TreeConfigError> {
+        if self.shape.trees == 0 {
+            return Err(TreeConfigError::NoTrees);
+        }
+        if self.shape.keep == Some(0) {
+            return Err(TreeConfigError::KeepZero);
+        }
+        if self.max_step_tokens == 0 {
+            return Err(TreeConfigError::NoStepTokens);
+        }
+        self.sampling.validate()?;
+        Ok(())
     }
 
     /// The advantage a run of this shape uses unless told otherwise: group-relative

@@ -15,6 +15,9 @@ pub enum RolloutError {
     Env(#[from] EnvError),
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The search's options, refused before it starts.
+    #[error(transparent)]
+    Config(#[from] super::config::TreeConfigError),
     #[error("advantages: {0}")]
     Advantage(#[from] AdvantageError),
     #[error("{0}: {1}")]

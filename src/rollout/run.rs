@@ -254,6 +254,7 @@ pub async fn run_rollout(
         mut progress,
         interrupt,
     } = hooks;
+    config.validate()?;
     let t0 = Instant::now();
     let stats = engine.stats().await?;
     let before = stats.counters;

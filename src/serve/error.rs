@@ -103,7 +103,7 @@ impl ServeError {
                 StatusCode::BAD_REQUEST
             }
             Model(ModelError::Template(_)) => StatusCode::BAD_REQUEST,
-            Env(_) => StatusCode::BAD_REQUEST,
+            Env(_) | Rollout(RolloutError::Config(_)) => StatusCode::BAD_REQUEST,
             Model(_) | Rollout(_) | Task(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -125,6 +125,7 @@ impl ServeError {
             ServeError::UnknownField(field) => Some(field.clone()),
             ServeError::Engine(EngineError::BadToken { .. }) => Some("prompt".into()),
             ServeError::ContextLength { .. } => Some("max_tokens".into()),
+            ServeError::Rollout(RolloutError::Config(e)) => Some(e.field().into()),
             _ => None,
         }
     }

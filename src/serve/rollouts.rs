@@ -80,20 +80,10 @@ fn step_tokens() -> usize {
 }
 
 impl RolloutBody {
+    /// The search asked for, checked by the library's own rule (`TreeConfig::validate`).
     fn config(&self) -> Result<TreeConfig, ServeError> {
-        if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(ServeError::invalid("temperature", "0 (greedy) or above"));
-        }
-        if self.max_step_tokens == 0 {
-            return Err(ServeError::invalid("max_step_tokens", "at least 1"));
-        }
-        let sampling = Sampling::from_temperature(Some(self.temperature));
-        if self.chains == Some(0) {
-            return Err(ServeError::invalid("chains", "at least 1"));
-        }
-        if self.chains.is_none() && self.trees == 0 {
-            return Err(ServeError::invalid("trees", "at least 1"));
-        }
+        let sampling = Sampling::new(self.temperature, None, None, None)
+            .map_err(super::sampling::sampling_error)?;
         let tree = TreeShape {
             trees: self.trees,
             expand: self.expand,
@@ -103,6 +93,8 @@ impl RolloutBody {
         };
         let mut cfg = TreeConfig::chains_or_tree(self.chains, tree, sampling, self.seed);
         cfg.max_step_tokens = self.max_step_tokens;
+        cfg.validate()
+            .map_err(|e| ServeError::invalid(e.field(), e.to_string()))?;
         Ok(cfg)
     }
 }
