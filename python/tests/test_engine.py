@@ -173,8 +173,11 @@ def test_bad_sampling_params_in_agenerate(engine):
 
     with pytest.raises(ValueError, match="unsupported key"):
         asyncio.run(engine.agenerate([1, 2, 3], {"best_of": 4}))
-    with pytest.raises(ValueError, match="penalties"):
-        asyncio.run(engine.agenerate([1, 2, 3], {"repetition_penalty": 1.2}))
+    # vLLM's penalties are served; out of range they are refused, named.
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        asyncio.run(engine.agenerate([1, 2, 3], {"repetition_penalty": 0.0}))
+    with pytest.raises(ValueError, match="min_p"):
+        asyncio.run(engine.agenerate([1, 2, 3], {"min_p": 1.5}))
 
 
 def test_a_missing_model_is_a_clear_error():
