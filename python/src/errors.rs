@@ -31,6 +31,7 @@ pub fn model_error(e: ModelError) -> PyErr {
         ModelError::CorruptGguf { .. }
         | ModelError::UnsupportedArchitecture { .. }
         | ModelError::Config { .. }
+        | ModelError::Rope { .. }
         | ModelError::MissingTensor { .. }
         | ModelError::ShapeMismatch { .. }
         | ModelError::MissingTokenizer { .. }

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::rope::RopeScaling;
+
 /// Decoder families the forward pass implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -40,6 +42,10 @@ pub struct ModelConfig {
     pub head_dim: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f32,
+    /// Long-context rescaling of RoPE's frequencies (absent in files written before
+    /// it existed: none).
+    #[serde(default)]
+    pub rope_scaling: RopeScaling,
     pub rope_style: RopeStyle,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,

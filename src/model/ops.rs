@@ -3,7 +3,7 @@
 //! They work row by row in a fixed order, so a token's result never depends on which
 //! other tokens share the batch.
 
-use super::config::RopeStyle;
+use super::config::{ModelConfig, RopeStyle};
 use super::kernels::exp_in_place;
 
 /// In-place RMSNorm of each `width`-wide row of `x`, scaled by `weight`.
@@ -42,13 +42,16 @@ pub struct Rope {
 }
 
 impl Rope {
-    pub fn new(head_dim: usize, theta: f32, style: RopeStyle) -> Self {
-        // Computed in f32 the way HF and candle do, so angles agree to the last bit.
-        let inv_freq = (0..head_dim)
-            .step_by(2)
-            .map(|i| 1f32 / theta.powf(i as f32 / head_dim as f32))
-            .collect();
-        Rope { inv_freq, style }
+    /// The rotation `config` declares: its theta, scaling and pairing.
+    pub fn new(config: &ModelConfig) -> Self {
+        Rope {
+            inv_freq: super::rope::inverse_frequencies(
+                config.head_dim,
+                config.rope_theta,
+                &config.rope_scaling,
+            ),
+            style: config.rope_style,
+        }
     }
 
     /// Rotates every head of one token's `[heads * head_dim]` row in place.

@@ -39,6 +39,10 @@ struct HfConfig {
     head_dim: Option<usize>,
     rms_norm_eps: f64,
     rope_theta: Option<f32>,
+    /// transformers 5: `{"rope_type", "rope_theta", <scaling fields>}`.
+    rope_parameters: Option<serde_json::Value>,
+    /// transformers 4: the scaling beside a top-level `rope_theta`.
+    rope_scaling: Option<serde_json::Value>,
     max_position_embeddings: usize,
     #[serde(default)]
     tie_word_embeddings: bool,
@@ -71,6 +75,15 @@ fn config(hf: &HfConfig, path: &Path) -> Result<ModelConfig, ModelError> {
         }
     };
     let num_heads = hf.num_attention_heads;
+    let (rope_theta, rope_scaling) = super::rope::from_hf_config(
+        hf.rope_theta,
+        hf.rope_parameters.as_ref(),
+        hf.rope_scaling.as_ref(),
+    )
+    .map_err(|problem| ModelError::Rope {
+        path: path.to_path_buf(),
+        problem,
+    })?;
     Ok(ModelConfig {
         architecture,
         vocab_size: hf.vocab_size,
@@ -81,7 +94,8 @@ fn config(hf: &HfConfig, path: &Path) -> Result<ModelConfig, ModelError> {
         num_kv_heads: hf.num_key_value_heads.unwrap_or(num_heads),
         head_dim: hf.head_dim.unwrap_or(hf.hidden_size / num_heads.max(1)),
         rms_norm_eps: hf.rms_norm_eps,
-        rope_theta: hf.rope_theta.unwrap_or(10_000.0),
+        rope_theta,
+        rope_scaling,
         rope_style: RopeStyle::HalfSplit,
         max_position_embeddings: hf.max_position_embeddings,
         tie_word_embeddings: hf.tie_word_embeddings,
@@ -126,9 +140,9 @@ pub fn load(dir: &Path) -> Result<HfModel, ModelError> {
         .unwrap_or(false);
     let eos = stop_tokens(declared_eos, |t| tok.token_to_id(t));
     let tokenizer = Tokenizer::from_hf(tok, bos, eos, add_bos);
-    let chat_template = match tok_config.get("chat_template").and_then(|v| v.as_str()) {
+    let chat_template = match chat_template_source(dir, &tok_config)? {
         Some(src) => Some(ChatTemplate::new(
-            src,
+            &src,
             tokenizer.bos_text(),
             tokenizer.eos_text(),
         )?),
@@ -141,6 +155,30 @@ pub fn load(dir: &Path) -> Result<HfModel, ModelError> {
         model,
         tokenizer,
         chat_template,
+    })
+}
+
+/// The chat template's source: `chat_template.jinja` (where transformers 5 writes
+/// it; it wins over the config, as in transformers), else `tokenizer_config.json`'s
+/// `chat_template`, a string or a list of named templates (the one named `default`).
+fn chat_template_source(
+    dir: &Path,
+    tok_config: &serde_json::Value,
+) -> Result<Option<String>, ModelError> {
+    let file = dir.join("chat_template.jinja");
+    if file.exists() {
+        return std::fs::read_to_string(&file)
+            .map(Some)
+            .map_err(|e| ModelError::io(&file, e));
+    }
+    Ok(match tok_config.get("chat_template") {
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::Array(named)) => named
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template")?.as_str())
+            .map(str::to_string),
+        _ => None,
     })
 }
 

@@ -159,7 +159,7 @@ pub(crate) fn build_model(
         src.linear(&emb_name)?
     };
     Ok(Model {
-        rope: Rope::new(c.head_dim, c.rope_theta, c.rope_style),
+        rope: Rope::new(c),
         config,
         embedding,
         layers,

@@ -69,7 +69,14 @@ fn hf_config(c: &ModelConfig, tokenizer: &Tokenizer) -> serde_json::Value {
         "num_key_value_heads": c.num_kv_heads,
         "head_dim": c.head_dim,
         "rms_norm_eps": c.rms_norm_eps,
+        // Both spellings: transformers 4 reads `rope_theta` / `rope_scaling`,
+        // transformers 5 `rope_parameters`.
         "rope_theta": c.rope_theta,
+        "rope_scaling": match c.rope_scaling {
+            crate::model::RopeScaling::Default => serde_json::Value::Null,
+            ref s => serde_json::to_value(s).unwrap_or_default(),
+        },
+        "rope_parameters": crate::model::rope::to_hf_parameters(c.rope_theta, &c.rope_scaling),
         "max_position_embeddings": c.max_position_embeddings,
         "tie_word_embeddings": c.tie_word_embeddings,
         "hidden_act": "silu",

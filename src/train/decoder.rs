@@ -57,15 +57,16 @@ fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
 /// f32 exactly as the engine's kernel computes its angles.
 fn rope_tables(
     positions: &[u32],
-    head_dim: usize,
-    theta: f32,
+    config: &crate::model::ModelConfig,
     dtype: DType,
 ) -> candle_core::Result<(Tensor, Tensor)> {
-    let half = head_dim / 2;
-    let inv: Vec<f32> = (0..head_dim)
-        .step_by(2)
-        .map(|i| 1f32 / theta.powf(i as f32 / head_dim as f32))
-        .collect();
+    let half = config.head_dim / 2;
+    // The engine's own frequencies (theta and scaling), so the oracle rotates alike.
+    let inv = crate::model::rope::inverse_frequencies(
+        config.head_dim,
+        config.rope_theta,
+        &config.rope_scaling,
+    );
     let mut cos = Vec::with_capacity(positions.len() * half);
     let mut sin = Vec::with_capacity(positions.len() * half);
     for &p in positions {
@@ -170,7 +171,7 @@ impl Params {
         let dtype = self.dtype();
         let dev = Device::Cpu;
         let ids = Tensor::from_slice(&batch.tokens, rows, &dev)?;
-        let (cos, sin) = rope_tables(batch.layout.positions(), c.head_dim, c.rope_theta, dtype)?;
+        let (cos, sin) = rope_tables(batch.layout.positions(), c, dtype)?;
         let mut x = self.embedding.as_tensor().index_select(&ids, 0)?;
         for l in &self.layers {
             let h = rms_norm(&x, &l.attn_norm, c.rms_norm_eps)?;
