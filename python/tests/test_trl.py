@@ -108,13 +108,6 @@ def tiny_qwen2(tmp_path_factory):
     with torch.no_grad():  # livelier than the 0.02-std init: leaves that differ
         model.model.embed_tokens.weight.normal_(0.0, 0.1)
     model.save_pretrained(folder)
-    # TEMPORARY until main's loader reads transformers 5's files: the old names too.
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
-    (folder / "config.json").write_text(json.dumps(cfg))
-    tc = json.loads((folder / "tokenizer_config.json").read_text())
-    tc["chat_template"] = (folder / "chat_template.jinja").read_text()
-    (folder / "tokenizer_config.json").write_text(json.dumps(tc))
     return folder, hf_tok
 
 

@@ -147,8 +147,10 @@ def trl_rollout_func(
 ) -> Callable[[List[Any], Any], Dict[str, List[Any]]]:
     """A ``rollout_func(prompts, trainer)`` for TRL's ``GRPOTrainer``.
 
-    TRL passes each prompt ``trainer.num_generations`` times in a row; each distinct
-    prompt is rolled out once as a forest (``tree_config``: the arguments of
+    TRL passes each prompt ``trainer.num_generations`` times in a row (its
+    ``RepeatSampler`` repeats them, whatever 1.16's ``rollout_func`` docstring says
+    about duplication) and wants one row back per row given; each prompt is rolled
+    out once as a forest (``tree_config``: the arguments of
     :func:`treegrpo.rollout` after ``samples``: ``trees``, ``expand``, ``rounds``,
     ``keep``, ``chains``, ``max_turns``, ``max_step_tokens``, ``temperature``, ...),
     and its leaves fill its rows, so ``num_generations`` must equal the forest's leaf
@@ -257,7 +259,14 @@ def trl_rollout_func(
             uid = samples[g]["id"] if isinstance(samples[g], dict) else str(g)
             leaves = by_prompt.get(str(uid), [])
             if len(leaves) != len(rows):
-                raise _leaf_count_error(len(rows), tree_config, len(leaves))
+                if size is None:  # no trainer: the rows were counted from the prompts
+                    raise _leaf_count_error(len(rows), tree_config, len(leaves))
+                failed = result.summary.get("failed_branches", 0)
+                raise ValueError(
+                    f"prompt {g}'s forest has {len(leaves)} leaves, not the {len(rows)} its "
+                    f"tree shape grows ({failed} failed branches in the rollout, listed in "
+                    "its summary's forests; a token_budget also stops branches)"
+                )
             for t in leaves:
                 ids, logprobs, mask = t["response_ids"], t["response_logprobs"], t["response_mask"]
                 if not ids:
