@@ -161,6 +161,20 @@ def test_tree_advantages_pass_trls_group_mean_unchanged(tiny_qwen2):
     assert group_mean.abs().max() < 1e-6
 
 
+def test_the_built_in_calc_task_fills_trls_rows(tiny_qwen2):
+    folder, _ = tiny_qwen2
+    engine = treegrpo.Engine(folder, kv_mib=64)
+    samples = {s["question"]: s for s in map(json.loads, CALC.read_text().splitlines()[:2])}
+    func = adapters.trl_rollout_func(engine, "calc", samples.__getitem__, sync_weights=False, **SHAPE)
+    prompts = [q for q in samples for _ in range(LEAVES)]
+    out = func(prompts, None)
+    assert {k: len(v) for k, v in out.items()} == {k: len(prompts) for k in out}
+    assert all(len(ids) > 0 for ids in out["completion_ids"])
+    assert all(0.0 <= r <= 1.0 for r in out["reward"])
+    assert set(out["weight_version"]) == {0}
+    assert out["prompt_ids"][0] != out["prompt_ids"][LEAVES]
+
+
 def test_a_leaf_count_that_is_not_num_generations_names_the_shapes_that_fit(tiny_qwen2):
     folder, _ = tiny_qwen2
     engine = treegrpo.Engine(folder, kv_mib=64)
