@@ -35,12 +35,6 @@ impl Raw<'_> {
         self.dims.iter().product::<usize>() * self.dtype.size_in_bytes()
     }
 
-    /// The same memory as another tensor's (transformers' tied head is the
-    /// embedding's own tensor).
-    fn aliases(&self, other: &Raw<'_>) -> bool {
-        self.address == other.address && self.dims == other.dims && self.dtype == other.dtype
-    }
-
     /// Copies the values into a candle tensor.
     fn to_tensor(&self, name: &str) -> PyResult<Tensor> {
         let n = self.bytes();
@@ -63,9 +57,11 @@ impl Raw<'_> {
 }
 
 /// The tensors of `state` (a mapping of names to torch tensors or numpy arrays) as
-/// candle tensors by name. When `tied` (the served model ties its output layer to the
-/// embedding) an `lm_head.weight` that *is* the embedding's tensor is left out
-/// instead of being copied and compared.
+/// candle tensors by name, read one at a time (a tensor that had to be made
+/// contiguous or copied off an accelerator is let go before the next is read). When
+/// `tied` (the served model ties its output layer to the embedding) an
+/// `lm_head.weight` that *is* the embedding's tensor is left out instead of being
+/// copied and compared.
 pub fn tensors(state: &Bound<'_, PyAny>, tied: bool) -> PyResult<HashMap<String, Tensor>> {
     let items = state.call_method0("items").map_err(|_| {
         value_error(format!(
@@ -73,7 +69,7 @@ pub fn tensors(state: &Bound<'_, PyAny>, tied: bool) -> PyResult<HashMap<String,
             type_name(state)
         ))
     })?;
-    let mut raws: Vec<(String, Raw<'_>)> = Vec::new();
+    let mut named: Vec<(String, Bound<'_, PyAny>)> = Vec::new();
     for item in items.try_iter()? {
         let item = item?;
         let (name, value): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract()?;
@@ -83,18 +79,58 @@ pub fn tensors(state: &Bound<'_, PyAny>, tied: bool) -> PyResult<HashMap<String,
                 type_name(&name)
             ))
         })?;
-        let raw = raw(&name, &value)?;
-        raws.push((name, raw));
+        named.push((name, value));
     }
-    let embedding = raws.iter().position(|(n, _)| n == EMBEDDING);
-    let mut out = HashMap::with_capacity(raws.len());
-    for (name, raw) in &raws {
-        let tied_alias = tied && name == HEAD && embedding.is_some_and(|e| raws[e].1.aliases(raw));
-        if !tied_alias {
-            out.insert(name.clone(), raw.to_tensor(name)?);
+    let value_of = |wanted: &str| named.iter().find(|(n, _)| n == wanted).map(|(_, v)| v);
+    let head_is_embedding = match (tied, value_of(HEAD), value_of(EMBEDDING)) {
+        (true, Some(head), Some(embedding)) => {
+            let head = identity(head);
+            head.is_some() && head == identity(embedding)
         }
+        _ => false,
+    };
+    let mut out = HashMap::with_capacity(named.len());
+    for (name, value) in named {
+        if head_is_embedding && name == HEAD {
+            continue;
+        }
+        let tensor = raw(&name, &value)?.to_tensor(&name)?;
+        out.insert(name, tensor);
     }
     Ok(out)
+}
+
+/// Where a tensor's values live and how they are laid out: address, shape, strides,
+/// dtype (and device).
+type Identity = (usize, Vec<usize>, Vec<isize>, String);
+
+/// A torch tensor's or numpy array's [`Identity`]: equal for two names of one tensor,
+/// as transformers' `state_dict()` gives a tied head. `None` for anything else (which
+/// [`raw`] then refuses with its reason).
+fn identity(value: &Bound<'_, PyAny>) -> Option<Identity> {
+    let torch = || -> PyResult<Identity> {
+        Ok((
+            value.call_method0("data_ptr")?.extract()?,
+            value.call_method0("size")?.extract()?,
+            value.call_method0("stride")?.extract()?,
+            format!(
+                "{} {}",
+                value.getattr("dtype")?.str()?,
+                value.getattr("device")?.str()?
+            ),
+        ))
+    };
+    let numpy = || -> PyResult<Identity> {
+        let info = value.getattr("__array_interface__")?;
+        let strides: Option<Vec<isize>> = info.get_item("strides")?.extract()?;
+        Ok((
+            info.get_item("data")?.get_item(0)?.extract()?,
+            info.get_item("shape")?.extract()?,
+            strides.unwrap_or_default(),
+            info.get_item("typestr")?.extract()?,
+        ))
+    };
+    torch().or_else(|_| numpy()).ok()
 }
 
 /// A torch tensor's or a numpy array's memory.

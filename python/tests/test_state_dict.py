@@ -116,6 +116,9 @@ def test_a_tied_head_is_accepted_when_it_is_the_embedding():
     head = dict(state, **{"lm_head.weight": state["model.embed_tokens.weight"].copy()})
     assert engine.load_state_dict(head) == 1
     assert served(engine) == before  # the same weights as the engine started with
+    same = dict(state, **{"lm_head.weight": state["model.embed_tokens.weight"]})
+    assert engine.load_state_dict(same) == 2
+    assert served(engine) == before
 
 
 @pytest.mark.parametrize(
