@@ -346,3 +346,36 @@ fn the_step_log_accounts_for_every_computed_token() {
     assert_eq!(bad.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("step log"), "{stderr}");
 }
+
+/// vLLM's sampling options on `treegrpo generate`: a repetition penalty changes a
+/// greedy continuation of a repetitive prompt; out-of-range values are errors naming
+/// the option (a negative temperature is not greedy).
+#[test]
+fn generate_takes_vllm_sampling_options_and_refuses_bad_ones() {
+    let model = common::default_model();
+    let run = |extra: &[&str]| {
+        treegrpo()
+            .args(["generate", "--raw", "--max-tokens", "12", "--prompt"])
+            .arg("one two three one two three one two three one two three")
+            .args(extra)
+            .arg("--model")
+            .arg(&model)
+            .output()
+            .unwrap()
+    };
+    let plain = run(&[]);
+    let penalised = run(&["--repetition-penalty", "1.8"]);
+    assert!(plain.status.success() && penalised.status.success());
+    assert_ne!(plain.stdout, penalised.stdout);
+    for (flag, value, named) in [
+        ("--temperature", "-0.5", "temperature"),
+        ("--min-p", "2", "min_p"),
+        ("--repetition-penalty", "0", "repetition_penalty"),
+        ("--presence-penalty", "3", "presence_penalty"),
+    ] {
+        let out = run(&[&format!("{flag}={value}")]);
+        assert!(!out.status.success(), "{flag}={value} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(named), "{flag}: {stderr}");
+    }
+}

@@ -72,6 +72,8 @@ struct Run {
     generating: BTreeMap<SeqId, usize>,
     out: Outcome,
     freed_usage: SeqUsage,
+    /// Preemptions the generations report (each while it generated).
+    generation_preemptions: u64,
 }
 
 impl Run {
@@ -89,6 +91,7 @@ impl Run {
                 syncs: Vec::new(),
             },
             freed_usage: SeqUsage::default(),
+            generation_preemptions: 0,
         }
     }
 
@@ -156,12 +159,15 @@ impl Run {
                     Sampling::Greedy
                 } else {
                     Sampling::Random {
+                        min_p: None,
                         temperature: 1.0,
                         top_k: None,
                         top_p: None,
                     }
                 };
                 let params = GenParams {
+                    penalties: treegrpo::engine::Penalties::NONE,
+                    top_logprobs: 0,
                     sampling,
                     max_new_tokens: rng.range(1, 10).min(room),
                     stop_tokens: Vec::new(),
@@ -205,6 +211,7 @@ impl Run {
             let h = self.known.values_mut().find(|k| k.seq == seq).unwrap();
             h.tokens.extend(&g.tokens);
             let bits = g.logprobs.iter().map(|l| l.to_bits()).collect();
+            self.generation_preemptions += u64::from(g.preemptions);
             self.out
                 .generations
                 .push((op, g.tokens, bits, format!("{:?}", g.stop)));
@@ -227,7 +234,7 @@ impl Run {
     }
 
     /// The script's end: everything computed, compared, freed; the pool empty.
-    fn finish(mut self) -> (Outcome, treegrpo::engine::EngineCounters) {
+    fn finish(mut self) -> (Outcome, treegrpo::engine::EngineCounters, u64) {
         self.sync();
         self.collect();
         assert!(self.generating.is_empty(), "generations never reported");
@@ -278,7 +285,9 @@ impl Run {
                 c.preemptions
             )
         );
-        (self.out, c)
+        // Preemptions during a generation are a subset of all preemptions.
+        assert!(self.generation_preemptions <= c.preemptions);
+        (self.out, c, self.generation_preemptions)
     }
 }
 
@@ -287,7 +296,7 @@ fn run(
     seed: u64,
     blocks: usize,
     ops: usize,
-) -> (Outcome, treegrpo::engine::EngineCounters) {
+) -> (Outcome, treegrpo::engine::EngineCounters, u64) {
     let mut rng = Rng::new(seed);
     let mut run = Run::new(model, blocks);
     let bases: Vec<Vec<TokenId>> = (0..2).map(|_| rng.tokens(16, run.vocab)).collect();
@@ -304,10 +313,13 @@ fn a_pool_too_small_for_all_preempts_fails_nothing_and_changes_no_result() {
     let model = tiny_model();
     assert_eq!(model.model.config().max_position_embeddings, 64);
     let (mut preemptions, mut recomputed, mut generations) = (0, 0, 0);
+    let mut during_generation = 0;
     for seed in 1..=6 {
-        let (small, cs) = run(&model, seed, 20, 400);
-        let (large, cl) = run(&model, seed, 400, 400);
+        let (small, cs, small_during) = run(&model, seed, 20, 400);
+        let (large, cl, large_during) = run(&model, seed, 400, 400);
         assert_eq!(cl.preemptions, 0, "the large pool preempted");
+        assert_eq!(large_during, 0);
+        during_generation += small_during;
         assert!(
             small == large,
             "seed {seed}: results differ between a pool of 20 and of 400 blocks"
@@ -321,6 +333,8 @@ fn a_pool_too_small_for_all_preempts_fails_nothing_and_changes_no_result() {
     assert!(generations > 100, "{generations} generations");
     assert!(preemptions > 20, "{preemptions} preemptions");
     assert!(recomputed > 100, "{recomputed} tokens recomputed");
+    // Generations report theirs (verl's `num_preempted`).
+    assert!(during_generation > 0, "no generation saw its preemption");
 }
 
 /// Every error a caller can cause, through the public `Engine` handle, matched on its

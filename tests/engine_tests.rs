@@ -100,7 +100,10 @@ fn a_sequence_prefilled_in_a_batch_keeps_its_logits_for_a_later_generation_and_i
 
 fn sampling(seed: u64) -> GenParams {
     GenParams {
+        penalties: treegrpo::engine::Penalties::NONE,
+        top_logprobs: 0,
         sampling: Sampling::Random {
+            min_p: None,
             temperature: 0.9,
             top_k: None,
             top_p: Some(0.95),
@@ -179,6 +182,8 @@ fn m_sequences_forked_from_one_prompt_prefill_it_once() {
         c.generate(
             t,
             GenParams {
+                penalties: treegrpo::engine::Penalties::NONE,
+                top_logprobs: 0,
                 seed: vec![i as u64],
                 ..sampling(0)
             },

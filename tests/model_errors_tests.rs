@@ -325,6 +325,7 @@ fn prompt_longer_than_context_window() {
     let m = LoadedModel::load(&path).unwrap();
     assert_eq!(m.model.config().max_position_embeddings, tiny.context);
     let req = GenerateRequest {
+        penalties: treegrpo::engine::Penalties::NONE,
         prompt: vec![40; tiny.context + 1],
         max_new_tokens: 4,
         sampling: Sampling::Greedy,
@@ -347,6 +348,7 @@ fn prompt_longer_than_context_window() {
     assert!(msg.contains("65") && msg.contains("64"), "{msg}");
     // One token short of the window still generates one token, then stops: full.
     let ok = GenerateRequest {
+        penalties: treegrpo::engine::Penalties::NONE,
         prompt: vec![40; tiny.context - 1],
         ..req
     };
@@ -355,6 +357,7 @@ fn prompt_longer_than_context_window() {
 
     // The caller's other mistakes are variants of their own, as through the engine.
     let empty = GenerateRequest {
+        penalties: treegrpo::engine::Penalties::NONE,
         prompt: Vec::new(),
         ..ok.clone()
     };
@@ -362,6 +365,7 @@ fn prompt_longer_than_context_window() {
     assert!(matches!(err, EngineError::EmptyPrompt), "{err:?}");
     let vocab = m.model.config().vocab_size;
     let oov = GenerateRequest {
+        penalties: treegrpo::engine::Penalties::NONE,
         prompt: vec![40, vocab as u32 + 3],
         ..ok
     };

@@ -88,6 +88,7 @@ fn greedy_continuations_match_candle_transformers() {
             .chat_prompt(&[ChatMessage::new("user", prompt)])
             .unwrap();
         let req = treegrpo::engine::GenerateRequest {
+            penalties: treegrpo::engine::Penalties::NONE,
             prompt: tokens.clone(),
             max_new_tokens: 32,
             sampling: treegrpo::engine::Sampling::Greedy,

@@ -35,6 +35,7 @@ fn mistralrs_runs_the_chain_workload() {
     let mut samples = load_samples(&data("train.jsonl")).unwrap();
     samples.truncate(2);
     let sampling = Sampling::Random {
+        min_p: None,
         temperature: 1.0,
         top_k: None,
         top_p: None,

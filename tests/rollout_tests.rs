@@ -26,6 +26,7 @@ fn tree_config(prefix_reuse: bool) -> TreeConfig {
     TreeConfig {
         shape: TreeShape::tree(2, 2, 1, Selection::Paper),
         sampling: Sampling::Random {
+            min_p: None,
             temperature: 1.0,
             top_k: None,
             top_p: None,

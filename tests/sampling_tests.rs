@@ -1,7 +1,9 @@
-//! Sampling against a naive reference: the head-selection shortcut for top-k / top-p
-//! must pick exactly the token a full sort of the vocabulary would.
+//! Sampling against a naive reference: the head-selection shortcut for min-p / top-k /
+//! top-p must pick exactly the token a full sort of the vocabulary would, with vLLM's
+//! order (min-p, then top-k, then top-p renormalised over what is left). Min-p's
+//! distribution and the `top_logprobs` alternatives against hand-computed values.
 
-use treegrpo::engine::sampling::sample;
+use treegrpo::engine::sampling::{sample, top_logprobs};
 use treegrpo::engine::{Sampling, SeqRng};
 
 /// Full sort, truncate, renormalise, one uniform draw: the textbook procedure.
@@ -10,6 +12,7 @@ fn naive(
     t: f32,
     top_k: Option<usize>,
     top_p: Option<f32>,
+    min_p: Option<f32>,
     rng: &mut SeqRng,
 ) -> usize {
     let max = logits
@@ -24,15 +27,25 @@ fn naive(
     let lp = |i: usize| logits[i] as f64 / t as f64 - lse;
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if let Some(m) = min_p {
+        let floor = m as f64 * lp(idx[0]).exp();
+        idx.retain(|&i| lp(i).exp() >= floor);
+    }
     if let Some(k) = top_k {
         idx.truncate(k);
     }
     if let Some(p) = top_p {
+        // Renormalised over what min-p and top-k left (over everything: mass 1).
+        let base: f64 = if idx.len() == logits.len() {
+            1.0
+        } else {
+            idx.iter().map(|&i| lp(i).exp()).sum()
+        };
         let (mut mass, mut keep) = (0.0, 0);
         for &i in &idx {
             mass += lp(i).exp();
             keep += 1;
-            if mass >= p as f64 {
+            if mass >= p as f64 * base {
                 break;
             }
         }
@@ -60,12 +73,14 @@ fn truncated_sampling_equals_a_full_sort() {
             .collect();
         let top_k = [None, Some(1), Some(5), Some(50), Some(vocab)][case as usize % 5];
         let top_p = [None, Some(0.5), Some(0.9), Some(0.99)][case as usize % 4];
+        let min_p = [None, Some(0.05), Some(0.3)][case as usize % 3];
         // Untruncated sampling walks the vocabulary in id order instead (same
         // distribution, no sort); this test is about the truncated path.
-        if !(top_k.is_some_and(|k| k < vocab) || top_p.is_some()) {
+        if !(top_k.is_some_and(|k| k < vocab) || top_p.is_some() || min_p.is_some()) {
             continue;
         }
         let s = Sampling::Random {
+            min_p,
             temperature: 0.8,
             top_k,
             top_p,
@@ -73,10 +88,79 @@ fn truncated_sampling_equals_a_full_sort() {
         let mut a = SeqRng::new(case);
         let mut b = SeqRng::new(case);
         let got = sample(&logits, &s, &mut a).token as usize;
-        let want = naive(&logits, 0.8, top_k, top_p, &mut b);
+        let want = naive(&logits, 0.8, top_k, top_p, min_p, &mut b);
         assert_eq!(
             got, want,
-            "case {case}: vocab {vocab}, top_k {top_k:?}, top_p {top_p:?}"
+            "case {case}: vocab {vocab}, top_k {top_k:?}, top_p {top_p:?}, min_p {min_p:?}"
         );
     }
+}
+
+/// Logits [2, 1, 0, -1] at T = 1 with min_p 0.3: p₁/p₀ = e⁻¹ ≈ 0.37 stays, p₂/p₀ =
+/// e⁻² ≈ 0.14 goes; draws follow {e/(e+1), 1/(e+1)} over tokens 0 and 1.
+#[test]
+fn min_p_keeps_the_hand_computed_set() {
+    let logits = [2.0f32, 1.0, 0.0, -1.0];
+    let s = Sampling::new(1.0, None, None, Some(0.3)).unwrap();
+    let mut rng = SeqRng::new(5);
+    let mut counts = [0usize; 4];
+    let n = 40_000;
+    for _ in 0..n {
+        counts[sample(&logits, &s, &mut rng).token as usize] += 1;
+    }
+    assert_eq!(counts[2] + counts[3], 0, "{counts:?}");
+    let e = std::f64::consts::E;
+    let share = counts[0] as f64 / n as f64;
+    assert!((share - e / (e + 1.0)).abs() < 0.01, "{share}");
+    // The reported logprob is the untruncated one: log p₀ of the full softmax.
+    let lse = logits.iter().map(|&l| (l as f64).exp()).sum::<f64>().ln();
+    let tok = sample(&logits, &s, &mut SeqRng::new(1));
+    let want = logits[tok.token as usize] as f64 - lse;
+    assert!((tok.logprob as f64 - want).abs() < 1e-6);
+}
+
+#[test]
+fn top_logprobs_are_the_best_of_the_reported_distribution() {
+    let logits = [0.5f32, 3.0, -1.0, 3.0, 2.0];
+    let t = 0.5f64;
+    let s = Sampling::new(t as f32, None, None, None).unwrap();
+    let top = top_logprobs(&logits, &s, 3);
+    let lse = logits
+        .iter()
+        .map(|&l| (l as f64 / t).exp())
+        .sum::<f64>()
+        .ln();
+    // Ties by the lower id: 1 before 3.
+    let want = [1u32, 3, 4];
+    assert_eq!(top.iter().map(|a| a.token).collect::<Vec<_>>(), want);
+    for a in &top {
+        let lp = logits[a.token as usize] as f64 / t - lse;
+        assert!((a.logprob as f64 - lp).abs() < 1e-6);
+    }
+    assert!(top_logprobs(&logits, &s, 0).is_empty());
+    assert_eq!(top_logprobs(&logits, &s, 99).len(), logits.len());
+}
+
+#[test]
+fn checked_constructor_refuses_what_it_cannot_serve() {
+    use treegrpo::engine::SamplingError;
+    assert_eq!(
+        Sampling::new(0.0, Some(5), Some(0.5), Some(0.1)),
+        Ok(Sampling::Greedy)
+    );
+    for t in [-0.5, f32::NAN, f32::INFINITY] {
+        assert!(matches!(
+            Sampling::new(t, None, None, None),
+            Err(SamplingError::Temperature(_))
+        ));
+    }
+    assert_eq!(
+        Sampling::new(1.0, None, Some(0.0), None),
+        Err(SamplingError::TopP(0.0))
+    );
+    assert_eq!(
+        Sampling::new(1.0, None, None, Some(1.5)),
+        Err(SamplingError::MinP(1.5))
+    );
+    assert_eq!(SamplingError::MinP(1.5).field(), "min_p");
 }

@@ -82,6 +82,7 @@ fn cli_generation(model: &LoadedModel) -> (String, Vec<u32>, Vec<u32>) {
     let tokens = generate(
         &model.model,
         &GenerateRequest {
+            penalties: treegrpo::engine::Penalties::NONE,
             prompt: prompt.clone(),
             max_new_tokens: NEW_TOKENS,
             sampling: Sampling::Greedy,

@@ -133,6 +133,7 @@ fn loop_config(
     checkpoint_every: u64,
 ) -> LoopConfig {
     let sampling = Sampling::Random {
+        min_p: None,
         temperature: 1.0,
         top_k: None,
         top_p: None,

@@ -14,7 +14,9 @@ use crate::awaitable::spawn_awaitable;
 use crate::convert;
 use crate::errors::{engine_error, model_error, value_error};
 use crate::runtime::wait;
-use crate::sampling::{finish_reason, stop_reason_name, SamplingArgs};
+use crate::sampling::{
+    alternatives, finish_reason, stop_reason_name, verl_stop_reason, Extensions, SamplingArgs,
+};
 use crate::session::Session;
 use crate::state_dict;
 use crate::tokenizer::Tokenizer;
@@ -97,7 +99,10 @@ impl PyEngine {
 
     /// Generates a completion of each prompt (texts or token-id lists), all batched
     /// together; returns one `Generation` per prompt, in order.
-    #[pyo3(signature = (prompts, max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None))]
+    /// vLLM's extensions: `min_p`, `repetition_penalty`, `presence_penalty`,
+    /// `frequency_penalty`, and `logprobs=N` for each token's N most likely
+    /// alternatives (`Generation.top_logprobs`).
+    #[pyo3(signature = (prompts, max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None, *, min_p=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logprobs=0))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -109,12 +114,24 @@ impl PyEngine {
         top_k: Option<usize>,
         stop: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
+        min_p: Option<f64>,
+        repetition_penalty: f64,
+        presence_penalty: f64,
+        frequency_penalty: f64,
+        logprobs: usize,
     ) -> PyResult<Vec<PyGeneration>> {
         let prompts = convert::prompts(self.model(), prompts)?;
         if prompts.is_empty() {
             return Ok(Vec::new());
         }
-        let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?;
+        let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?
+            .with_extensions(Extensions {
+                min_p,
+                repetition_penalty,
+                presence_penalty,
+                frequency_penalty,
+                logprobs,
+            });
         let eos = self.eos();
         let jobs: Vec<(Vec<TokenId>, GenParams)> = prompts
             .into_iter()
@@ -129,17 +146,31 @@ impl PyEngine {
             .collect()
     }
 
-    /// verl's async rollout-server call: `await engine.agenerate(prompt_ids,
-    /// sampling_params, request_id)` → `{"token_ids", "log_probs", "stop_reason"}`.
-    /// Calls made at once from many asyncio tasks share the engine's batches.
-    #[pyo3(signature = (prompt_ids, sampling_params=None, request_id=None))]
+    /// verl's rollout-server call (verl 0.9.1's vLLM and SGLang servers'
+    /// `generate`): `await engine.agenerate(prompt_ids, sampling_params, request_id)`,
+    /// or all by keyword as verl's `LLMServerClient` calls it, → a
+    /// `treegrpo.adapters.TokenOutput` (`token_ids`, `log_probs`, `routed_experts`,
+    /// `stop_reason`, `num_preempted`, `extra_fields`). Calls made at once from many
+    /// asyncio tasks share the engine's batches. `image_data` and `video_data` must be
+    /// None: the engine is text-only.
+    #[pyo3(signature = (prompt_ids, sampling_params=None, request_id=None, *, image_data=None, video_data=None))]
     fn agenerate<'py>(
         &self,
         py: Python<'py>,
         prompt_ids: &Bound<'py, PyAny>,
         sampling_params: Option<&Bound<'py, PyDict>>,
         request_id: Option<String>,
+        image_data: Option<&Bound<'py, PyAny>>,
+        video_data: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        for (name, data) in [("image_data", image_data), ("video_data", video_data)] {
+            if data.is_some_and(|d| !d.is_none()) {
+                return Err(value_error(format!(
+                    "{name}: this engine serves a text-only model; pass None \
+                     (multi-modal prompts are not supported)"
+                )));
+            }
+        }
         let ids = convert::token_ids(prompt_ids)?;
         let args = SamplingArgs::from_dict(sampling_params, 256)?;
         // The request id seeds the request's RNG stream, so a retried request
@@ -153,14 +184,7 @@ impl PyEngine {
                 let mut done = generate_all(&engine, vec![(ids, params)]).await?;
                 Ok(done.remove(0))
             },
-            |py, g: Generation| {
-                let out = PyDict::new(py);
-                out.set_item("token_ids", PyList::new(py, &g.tokens)?)?;
-                out.set_item("log_probs", PyList::new(py, &g.logprobs)?)?;
-                out.set_item("stop_reason", finish_reason(g.stop))?;
-                out.set_item("weight_version", g.weight_version)?;
-                Ok(out.into_any())
-            },
+            token_output,
         )
     }
 
@@ -292,6 +316,31 @@ pub(crate) async fn generate_all(
     Ok(out.into_iter().flatten().collect())
 }
 
+/// A finished generation as verl's `TokenOutput` (the Python dataclass
+/// `treegrpo.adapters.TokenOutput`, so it pickles across Ray and its
+/// `extra_fields` is a dict verl's agent loop can add to). `stop_reason` is
+/// `"completed"` for every way our generation ends, as verl's vLLM server maps
+/// vLLM's `stop` and `length` (`"aborted"` is a request cut by a weight sync; ours
+/// finish on the old weights instead). `num_preempted`: the times the request's
+/// sequence was preempted (its KV dropped and recomputed) while it generated.
+/// `extra_fields` carries the
+/// weight version and the finish reason in vLLM's words (`stop`, `length`).
+fn token_output(py: Python<'_>, g: Generation) -> PyResult<Bound<'_, PyAny>> {
+    let extra = PyDict::new(py);
+    extra.set_item("weight_version", g.weight_version)?;
+    extra.set_item("finish_reason", finish_reason(g.stop))?;
+    let fields = PyDict::new(py);
+    fields.set_item("token_ids", PyList::new(py, &g.tokens)?)?;
+    fields.set_item("log_probs", PyList::new(py, &g.logprobs)?)?;
+    fields.set_item("routed_experts", py.None())?;
+    fields.set_item("stop_reason", verl_stop_reason(g.stop))?;
+    fields.set_item("num_preempted", g.preemptions)?;
+    fields.set_item("extra_fields", extra)?;
+    py.import("treegrpo.adapters")?
+        .getattr("TokenOutput")?
+        .call((), Some(&fields))
+}
+
 /// FNV-1a of a request id: a seed word that is the same in every process.
 fn stable_hash(s: &str) -> u64 {
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -314,6 +363,9 @@ pub struct PyGeneration {
     weight_version: u64,
     /// The token ids decoded.
     text: String,
+    /// With `logprobs=N`: each token's N most likely alternatives, `(token_id,
+    /// logprob)` pairs under the same distribution as `logprobs` (else empty).
+    top_logprobs: Vec<Vec<(TokenId, f32)>>,
 }
 
 impl PyGeneration {
@@ -325,6 +377,7 @@ impl PyGeneration {
             finish_reason: finish_reason(g.stop),
             stop_reason: stop_reason_name(g.stop),
             weight_version: g.weight_version,
+            top_logprobs: alternatives(&g.top_logprobs),
         })
     }
 }
@@ -340,6 +393,7 @@ impl PyGeneration {
         d.set_item("stop_reason", self.stop_reason)?;
         d.set_item("weight_version", self.weight_version)?;
         d.set_item("text", &self.text)?;
+        d.set_item("top_logprobs", &self.top_logprobs)?;
         Ok(d)
     }
 

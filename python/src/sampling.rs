@@ -3,8 +3,11 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
-use treegrpo::engine::{GenParams, Sampling, StopReason};
+use treegrpo::engine::{GenParams, Penalties, Sampling, StopReason, TokenLogprob};
 use treegrpo::model::TokenId;
+
+use treegrpo::engine::sampling::MAX_TOP_LOGPROBS;
+use treegrpo::engine::SamplingError;
 
 use crate::errors::value_error;
 
@@ -17,6 +20,30 @@ pub struct SamplingArgs {
     pub top_k: Option<usize>,
     pub stop: Vec<String>,
     pub seed: Option<u64>,
+    pub extensions: Extensions,
+}
+
+/// vLLM's sampling extensions: min-p, the three penalties, and how many most likely
+/// alternatives to return with each token.
+#[derive(Debug, Clone)]
+pub struct Extensions {
+    pub min_p: Option<f64>,
+    pub repetition_penalty: f64,
+    pub presence_penalty: f64,
+    pub frequency_penalty: f64,
+    pub logprobs: usize,
+}
+
+impl Default for Extensions {
+    fn default() -> Self {
+        Extensions {
+            min_p: None,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logprobs: 0,
+        }
+    }
 }
 
 impl SamplingArgs {
@@ -36,7 +63,14 @@ impl SamplingArgs {
             top_k,
             stop: stop.map(stop_strings).transpose()?.unwrap_or_default(),
             seed,
+            extensions: Extensions::default(),
         })
+    }
+
+    /// The same arguments with vLLM's extensions.
+    pub fn with_extensions(mut self, extensions: Extensions) -> Self {
+        self.extensions = extensions;
+        self
     }
 
     /// The engine's parameters: `temperature` 0 is greedy; generation also ends at
@@ -47,38 +81,40 @@ impl SamplingArgs {
         if self.max_tokens == 0 {
             return Err(value_error("max_tokens must be at least 1"));
         }
-        if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(value_error(format!(
-                "temperature must be a non-negative number, not {}",
-                self.temperature
-            )));
-        }
-        if let Some(p) = self.top_p {
-            if !(p > 0.0 && p <= 1.0) {
-                return Err(value_error(format!("top_p must be in (0, 1], not {p}")));
-            }
-        }
         if self.top_k == Some(0) {
             return Err(value_error("top_k must be at least 1"));
         }
         if self.stop.iter().any(String::is_empty) {
             return Err(value_error("stop strings must not be empty"));
         }
-        let sampling = if self.temperature == 0.0 {
-            Sampling::Greedy
-        } else {
-            Sampling::Random {
-                temperature: self.temperature as f32,
-                top_k: self.top_k,
-                top_p: self.top_p.map(|p| p as f32),
-            }
-        };
+        // The engine's own checked constructors: one rule, one message everywhere.
+        let x = &self.extensions;
+        let sampling = Sampling::new(
+            self.temperature as f32,
+            self.top_k,
+            self.top_p.map(|p| p as f32),
+            x.min_p.map(|p| p as f32),
+        )
+        .map_err(|e| value_error(e.to_string()))?;
+        let penalties = Penalties::new(
+            x.repetition_penalty as f32,
+            x.presence_penalty as f32,
+            x.frequency_penalty as f32,
+        )
+        .map_err(|e| value_error(e.to_string()))?;
+        if x.logprobs > MAX_TOP_LOGPROBS {
+            return Err(value_error(
+                SamplingError::TopLogprobs(x.logprobs).to_string(),
+            ));
+        }
         Ok(GenParams {
             sampling,
             max_new_tokens: self.max_tokens,
             stop_tokens: eos.to_vec(),
             stop_strings: self.stop.clone(),
             seed: vec![self.seed.unwrap_or(default_seed), index],
+            penalties,
+            top_logprobs: x.logprobs,
         })
     }
 
@@ -95,6 +131,7 @@ impl SamplingArgs {
             top_k: None,
             stop: Vec::new(),
             seed: None,
+            extensions: Extensions::default(),
         };
         let Some(dict) = dict else { return Ok(args) };
         for (key, value) in dict.iter() {
@@ -116,26 +153,27 @@ impl SamplingArgs {
                 }
                 "stop" => args.stop = stop_strings(&value).map_err(bad)?,
                 "seed" => args.seed = value.extract().map_err(bad)?,
-                // Logprobs of the sampled tokens are always returned.
+                // Logprobs of the sampled tokens are always returned (verl sends
+                // `logprobs` to ask for them).
                 "logprobs" => {}
-                "repetition_penalty" | "presence_penalty" | "frequency_penalty" => {
-                    let v: f64 = value.extract().map_err(bad)?;
-                    let neutral = if key == "repetition_penalty" {
-                        1.0
-                    } else {
-                        0.0
-                    };
-                    if v != neutral {
-                        return Err(value_error(format!(
-                            "sampling_params[{key:?}] = {v}: penalties are not supported \
-                             (only the neutral {neutral})"
-                        )));
-                    }
+                "min_p" => {
+                    let m: f64 = value.extract().map_err(bad)?;
+                    args.extensions.min_p = (m > 0.0).then_some(m);
+                }
+                "repetition_penalty" => {
+                    args.extensions.repetition_penalty = value.extract().map_err(bad)?
+                }
+                "presence_penalty" => {
+                    args.extensions.presence_penalty = value.extract().map_err(bad)?
+                }
+                "frequency_penalty" => {
+                    args.extensions.frequency_penalty = value.extract().map_err(bad)?
                 }
                 _ => {
                     return Err(value_error(format!(
                         "sampling_params: unsupported key {key:?} (supported: max_tokens, \
-                         temperature, top_p, top_k, stop, seed, logprobs and neutral penalties)"
+                         temperature, top_p, top_k, min_p, stop, seed, logprobs, \
+                         repetition_penalty, presence_penalty, frequency_penalty)"
                     )))
                 }
             }
@@ -166,6 +204,19 @@ pub fn finish_reason(stop: StopReason) -> &'static str {
     }
 }
 
+/// The stop reason in verl's `TokenOutput` words: verl's vLLM server maps vLLM's
+/// `stop` and `length` to `"completed"` (and an aborted request to `"aborted"`,
+/// which no generation of ours is: a weight swap lets it finish on the old
+/// weights). One arm per reason, so a new reason must be placed here.
+pub fn verl_stop_reason(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::StopToken
+        | StopReason::StopString
+        | StopReason::MaxTokens
+        | StopReason::ContextFull => "completed",
+    }
+}
+
 /// The engine's own name of a stop reason.
 pub fn stop_reason_name(stop: StopReason) -> &'static str {
     match stop {
@@ -174,4 +225,11 @@ pub fn stop_reason_name(stop: StopReason) -> &'static str {
         StopReason::MaxTokens => "max_tokens",
         StopReason::ContextFull => "context_full",
     }
+}
+
+/// Each token's alternatives as `[(token_id, logprob), ...]` lists.
+pub fn alternatives(top: &[Vec<TokenLogprob>]) -> Vec<Vec<(TokenId, f32)>> {
+    top.iter()
+        .map(|alts| alts.iter().map(|a| (a.token, a.logprob)).collect())
+        .collect()
 }

@@ -15,7 +15,7 @@ use crate::convert;
 use crate::engine::PyGeneration;
 use crate::errors::{engine_error, value_error};
 use crate::runtime::wait;
-use crate::sampling::SamplingArgs;
+use crate::sampling::{Extensions, SamplingArgs};
 
 #[pyclass(module = "treegrpo._treegrpo", name = "Session", frozen)]
 pub struct Session {
@@ -49,7 +49,9 @@ impl Session {
 #[pymethods]
 impl Session {
     /// Generates from the session's tokens; the generated tokens become part of it.
-    #[pyo3(signature = (max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None))]
+    /// vLLM's extensions as in `Engine.generate` (the repetition penalty looks at the
+    /// whole session so far).
+    #[pyo3(signature = (max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None, *, min_p=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logprobs=0))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -60,9 +62,21 @@ impl Session {
         top_k: Option<usize>,
         stop: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
+        min_p: Option<f64>,
+        repetition_penalty: f64,
+        presence_penalty: f64,
+        frequency_penalty: f64,
+        logprobs: usize,
     ) -> PyResult<PyGeneration> {
         let seq = self.id()?;
-        let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?;
+        let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?
+            .with_extensions(Extensions {
+                min_p,
+                repetition_penalty,
+                presence_penalty,
+                frequency_penalty,
+                logprobs,
+            });
         let model = self.engine.model().clone();
         // Each session samples on its own stream (a fork's differs from its parent's).
         let params = args.params(self.seed, seq.slot() as u64, model.tokenizer.eos_ids())?;

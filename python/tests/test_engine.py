@@ -109,10 +109,10 @@ def test_sixteen_asyncio_tasks_share_engine_steps(engine):
     before = engine.stats()["counters"]["steps"]
     outs = asyncio.run(main())
     steps = engine.stats()["counters"]["steps"] - before
-    generated = sum(len(o["token_ids"]) for o in outs)
-    assert all(set(o) >= {"token_ids", "log_probs", "stop_reason"} for o in outs)
-    assert all(len(o["token_ids"]) == len(o["log_probs"]) for o in outs)
-    assert all(o["stop_reason"] in ("stop", "length") for o in outs)
+    generated = sum(len(o.token_ids) for o in outs)
+    assert all(o.extra_fields["weight_version"] == engine.weight_version for o in outs)
+    assert all(len(o.token_ids) == len(o.log_probs) for o in outs)
+    assert all(o.stop_reason == "completed" for o in outs)
     # Batched: far fewer engine steps than tokens generated (one step per token alone).
     assert steps < generated / 4, (steps, generated)
     # A request id names its sampling stream: the same id samples the same tokens.
@@ -120,7 +120,7 @@ def test_sixteen_asyncio_tasks_share_engine_steps(engine):
         return await engine.agenerate(ids, {"temperature": 1.0, "max_tokens": 16}, "req-3")
 
     again = asyncio.run(one())
-    assert again["token_ids"] == outs[3]["token_ids"]
+    assert again.token_ids == outs[3].token_ids
 
 
 def test_the_gil_is_released_while_the_engine_works(engine):
@@ -204,3 +204,27 @@ def test_ctrl_c_interrupts_a_long_generate_and_the_engine_goes_on(engine, sigint
     [g] = engine.generate([PROMPT], max_tokens=4)
     assert len(g.token_ids) >= 1
     assert waited < 60  # generous: 4000 tokens x 4 would take minutes
+
+
+def test_vllm_extensions_alternatives_and_penalties(engine):
+    """logprobs=N alternatives are the best of the reported distribution, the sampled
+    token's logprob among them when it is the argmax; a repetition penalty changes a
+    greedy continuation of a repetitive prompt; bad values are ValueErrors."""
+    prompt = [40, 41, 42, 43] * 6
+    plain = engine.generate([prompt], max_tokens=8, temperature=0.0, logprobs=3)[0]
+    assert len(plain.top_logprobs) == len(plain.token_ids)
+    for token, logprob, alternatives in zip(plain.token_ids, plain.logprobs, plain.top_logprobs):
+        assert len(alternatives) == 3
+        values = [lp for _, lp in alternatives]
+        assert values == sorted(values, reverse=True)
+        # Greedy: the sampled token is the most likely one, with the same logprob.
+        assert alternatives[0][0] == token
+        assert abs(alternatives[0][1] - logprob) < 1e-6
+    penalised = engine.generate([prompt], max_tokens=8, temperature=0.0, repetition_penalty=1.8)[0]
+    assert penalised.token_ids != plain.token_ids
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        engine.generate([prompt], max_tokens=2, repetition_penalty=0.0)
+    with pytest.raises(ValueError, match="min_p"):
+        engine.generate([prompt], max_tokens=2, temperature=1.0, min_p=2.0)
+    with pytest.raises(ValueError, match="temperature"):
+        engine.generate([prompt], max_tokens=2, temperature=-1.0)

@@ -220,3 +220,51 @@ impl UpdateFlags {
         }
     }
 }
+
+/// How `treegrpo generate` draws tokens: vLLM's options, checked by the engine's own
+/// constructors (a negative temperature is an error, not greedy).
+#[derive(Debug, Clone, Args)]
+pub struct SamplingFlags {
+    /// Sampling temperature (0 or absent: greedy).
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Keep the k most likely tokens (0: off).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Keep the most likely tokens holding this much probability (1: off).
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Drop tokens below this fraction of the most likely one's probability (0: off).
+    #[arg(long)]
+    min_p: Option<f32>,
+    /// vLLM's repetition penalty over the prompt and the output (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Subtracted once from every generated token's logit (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    presence_penalty: f32,
+    /// Subtracted from a generated token's logit per time it came (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    frequency_penalty: f32,
+}
+
+impl SamplingFlags {
+    pub fn sampling(&self) -> Result<treegrpo::engine::Sampling, treegrpo::engine::SamplingError> {
+        treegrpo::engine::Sampling::new(
+            self.temperature.unwrap_or(0.0),
+            self.top_k,
+            self.top_p,
+            self.min_p,
+        )
+    }
+
+    pub fn penalties(
+        &self,
+    ) -> Result<treegrpo::engine::Penalties, treegrpo::engine::SamplingError> {
+        treegrpo::engine::Penalties::new(
+            self.repetition_penalty,
+            self.presence_penalty,
+            self.frequency_penalty,
+        )
+    }
+}

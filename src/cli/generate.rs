@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use treegrpo::engine::{generate, GenerateRequest, Sampling};
+use treegrpo::engine::{generate, GenerateRequest};
 use treegrpo::model::ChatMessage;
 
 #[derive(Debug, Args)]
@@ -18,9 +18,8 @@ pub struct GenerateArgs {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// Sampling temperature; greedy when absent.
-    #[arg(long)]
-    temperature: Option<f32>,
+    #[command(flatten)]
+    sampling: super::flags::SamplingFlags,
     /// Seed of the sampling RNG.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -41,10 +40,11 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_new_tokens: a.max_tokens,
-        sampling: Sampling::from_temperature(a.temperature),
+        sampling: a.sampling.sampling()?,
         seed: a.seed,
         stop_tokens: m.tokenizer.eos_ids().to_vec(),
         prefill_chunk: 512,
+        penalties: a.sampling.penalties()?,
     };
     let t0 = Instant::now();
     let out = generate(&m.model, &req)?;

@@ -25,8 +25,9 @@ use crate::model::{BatchSeq, ForwardBatch, LoadedModel, LogitsWanted, Model, Ste
 pub use super::config::EngineConfig;
 use super::counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
 use super::error::EngineError;
+use super::penalties::TokenHistory;
 use super::rng::SeqRng;
-use super::sampling::SampledToken;
+use super::sampling::{SampledToken, TokenLogprob};
 use super::step_log::StepLog;
 use super::stop::{GenParams, StopReason};
 
@@ -39,6 +40,12 @@ pub struct Generation {
     pub stop: StopReason,
     /// The weights every token of it was sampled under (see [`super::weights`]).
     pub weight_version: super::WeightVersion,
+    /// Per token, the `top_logprobs` most likely alternatives (empty lists when none
+    /// were asked for).
+    pub top_logprobs: Vec<Vec<TokenLogprob>>,
+    /// Times its sequence was preempted (KV dropped, recomputed) while it generated
+    /// (verl's `num_preempted`).
+    pub preemptions: u32,
 }
 
 #[derive(Debug)]
@@ -47,6 +54,12 @@ pub(super) struct GenState {
     pub(super) rng: SeqRng,
     pub(super) tokens: Vec<TokenId>,
     pub(super) logprobs: Vec<f32>,
+    /// Alternatives of each kept token, when asked for.
+    pub(super) top_logprobs: Vec<Vec<TokenLogprob>>,
+    /// What the penalties look at; `None` when there are none.
+    pub(super) history: Option<TokenHistory>,
+    /// Preemptions of the sequence during this generation.
+    pub(super) preemptions: u32,
     /// Each kept token is also reported through [`EngineCore::take_streamed`] as it
     /// is sampled (a server streaming tokens to its client).
     pub(super) stream: bool,
@@ -328,12 +341,26 @@ impl EngineCore {
             return Err(EngineError::EmptySequence(seq));
         }
         let rng = SeqRng::from_parts(&params.seed);
+        let history = if params.penalties.is_neutral() {
+            None
+        } else {
+            // The context: every token of the sequence, cached or still to feed.
+            let cached = self.kv.tokens(seq)?;
+            let s = self.state(seq)?;
+            Some(TokenHistory::new(
+                cached.into_iter().chain(s.pending.iter().copied()),
+            ))
+        };
+        let s = self.state(seq)?;
         s.runnable = true;
         s.generating = Some(GenState {
             params,
             rng,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+            history,
+            preemptions: 0,
             stream,
         });
         // Everything is cached already (a fork at a node's end): sample right away.

@@ -3,10 +3,10 @@
 
 use std::sync::Mutex;
 
-use super::core::{EngineCore, Generation};
+use super::core::{EngineCore, GenState, Generation};
 use super::error::EngineError;
 use super::rng::SeqRng;
-use super::sampling::{sample, SampledToken, Sampling};
+use super::sampling::{draw, DrawOptions, SampledToken, TokenLogprob};
 use super::stop::{check_sampled, StopReason};
 use crate::kv::SeqId;
 use crate::model::team;
@@ -28,7 +28,7 @@ impl EngineCore {
     /// random stream, so every token is the one a draw alone would give.
     pub(super) fn sample_all(&mut self, due: &[(SeqId, &[f32])]) -> Result<(), EngineError> {
         // Who draws: a generation below its token limit (its stream, copied out).
-        let mut draws: Vec<(usize, Sampling, Mutex<SeqRng>)> = Vec::new();
+        let mut draws: Vec<(usize, &GenState, Mutex<SeqRng>)> = Vec::new();
         for (i, (seq, _)) in due.iter().enumerate() {
             let s = self
                 .seqs
@@ -36,33 +36,44 @@ impl EngineCore {
                 .ok_or(EngineError::UnknownSequence(*seq))?;
             if let Some(g) = &s.generating {
                 if g.tokens.len() < g.params.max_new_tokens {
-                    draws.push((i, g.params.sampling, Mutex::new(g.rng.clone())));
+                    draws.push((i, g, Mutex::new(g.rng.clone())));
                 }
             }
         }
-        let drawn: Vec<Mutex<Option<SampledToken>>> =
-            draws.iter().map(|_| Mutex::new(None)).collect();
-        let draw = |k: usize| {
-            let (i, sampling, rng) = &draws[k];
+        type Drawn = Option<(SampledToken, Vec<TokenLogprob>)>;
+        let drawn: Vec<Mutex<Drawn>> = draws.iter().map(|_| Mutex::new(None)).collect();
+        let draw_one = |k: usize| {
+            let (i, g, rng) = &draws[k];
             let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
-            let token = sample(due[*i].1, sampling, &mut rng);
+            let options = DrawOptions {
+                penalties: &g.params.penalties,
+                history: g.history.as_ref(),
+                top_logprobs: g.params.top_logprobs,
+            };
+            let token = draw(due[*i].1, &g.params.sampling, options, &mut rng);
             *drawn[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
         };
         if draws.len() >= TEAM_SAMPLING_MIN {
-            team::global().run(|m| m.share(draws.len()).for_each(draw));
+            team::global().run(|m| m.share(draws.len()).for_each(draw_one));
         } else {
-            (0..draws.len()).for_each(draw);
+            (0..draws.len()).for_each(draw_one);
         }
-        let mut drawn = draws.into_iter().zip(drawn).peekable();
+        // Owned results (the draws borrow the sequences, which applying them changes).
+        let results: Vec<(usize, SeqRng, SampledToken, Vec<TokenLogprob>)> = draws
+            .into_iter()
+            .zip(drawn)
+            .map(|((i, _, rng), token)| {
+                let rng = rng.into_inner().unwrap_or_else(|e| e.into_inner());
+                let token = token.into_inner().unwrap_or_else(|e| e.into_inner());
+                // Every draw ran to the end (a panicking one re-raised in `run`).
+                let (token, top) = token.expect("a draw that did not finish");
+                (i, rng, token, top)
+            })
+            .collect();
+        let mut results = results.into_iter().peekable();
         for (i, &(seq, _)) in due.iter().enumerate() {
-            match drawn.next_if(|((at, ..), _)| *at == i) {
-                Some(((_, _, rng), token)) => {
-                    let rng = rng.into_inner().unwrap_or_else(|e| e.into_inner());
-                    let token = token.into_inner().unwrap_or_else(|e| e.into_inner());
-                    // Every draw ran to the end (a panicking one re-raised in `run`).
-                    let token = token.expect("a draw that did not finish");
-                    self.take_sampled(seq, token, rng)?;
-                }
+            match results.next_if(|(at, ..)| *at == i) {
+                Some((_, rng, token, top)) => self.take_sampled(seq, token, top, rng)?,
                 None => {
                     let generating = self.seqs.get(&seq).is_some_and(|s| s.generating.is_some());
                     if generating {
@@ -80,6 +91,7 @@ impl EngineCore {
         &mut self,
         seq: SeqId,
         drawn: SampledToken,
+        top: Vec<TokenLogprob>,
         rng: SeqRng,
     ) -> Result<(), EngineError> {
         let max_pos = self.model.model.config().max_position_embeddings;
@@ -104,6 +116,12 @@ impl EngineCore {
         if verdict.keep {
             g.tokens.push(token);
             g.logprobs.push(logprob);
+            if g.params.top_logprobs > 0 {
+                g.top_logprobs.push(top);
+            }
+            if let Some(h) = g.history.as_mut() {
+                h.push_output(token);
+            }
             if g.stream {
                 self.streamed.push((seq, SampledToken { token, logprob }));
             }
@@ -132,6 +150,8 @@ impl EngineCore {
                     logprobs: g.logprobs,
                     stop: reason,
                     weight_version: self.weight_version,
+                    top_logprobs: g.top_logprobs,
+                    preemptions: g.preemptions,
                 }),
             ));
         }

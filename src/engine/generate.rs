@@ -6,8 +6,9 @@ use crate::model::{
 
 use super::error::EngineError;
 
+use super::penalties::{Penalties, TokenHistory};
 use super::rng::SeqRng;
-use super::sampling::{sample, SampledToken, Sampling};
+use super::sampling::{draw, DrawOptions, SampledToken, Sampling};
 use super::stop::{check_sampled, GenParams, StopReason};
 
 /// What to generate.
@@ -21,6 +22,8 @@ pub struct GenerateRequest {
     pub stop_tokens: Vec<TokenId>,
     /// Prompt tokens computed per forward; bounds activation memory on long prompts.
     pub prefill_chunk: usize,
+    /// vLLM's penalties over the prompt and the output (none: [`Penalties::NONE`]).
+    pub penalties: Penalties,
 }
 
 /// The generated tokens with their logprobs.
@@ -88,7 +91,10 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration
         stop_tokens: req.stop_tokens.clone(),
         stop_strings: Vec::new(),
         seed: Vec::new(),
+        penalties: req.penalties,
+        top_logprobs: 0,
     };
+    let mut history = TokenHistory::new(req.prompt.iter().copied());
     let mut tokens: Vec<SampledToken> = Vec::new();
     let mut ids: Vec<TokenId> = Vec::new();
     let mut pos = req.prompt.len();
@@ -99,7 +105,12 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration
         });
     }
     loop {
-        let next = sample(&logits, &req.sampling, &mut rng);
+        let options = DrawOptions {
+            penalties: &req.penalties,
+            history: Some(&history),
+            top_logprobs: 0,
+        };
+        let (next, _) = draw(&logits, &req.sampling, options, &mut rng);
         let verdict = check_sampled(
             &params,
             &ids,
@@ -111,6 +122,7 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration
         if verdict.keep {
             tokens.push(next);
             ids.push(next.token);
+            history.push_output(next.token);
         }
         if let Some(stop) = verdict.stop {
             return Ok(SingleGeneration { tokens, stop });

@@ -25,6 +25,9 @@ impl EngineCore {
         self.drop_kv(victim)?;
         if let Some(s) = self.seqs.get_mut(&victim) {
             s.usage.preemptions += 1;
+            if let Some(g) = s.generating.as_mut() {
+                g.preemptions += 1;
+            }
         }
         self.counters.preemptions += 1;
         Ok(())

@@ -4,11 +4,56 @@
 //! `softmax(logits / temperature)` over the *whole* vocabulary, before top-k / top-p
 //! truncation: that is the behaviour policy's probability a PPO ratio needs when the
 //! trainer recomputes logprobs without truncation (verl does). Greedy uses
-//! temperature 1.
+//! temperature 1. Penalties (`engine::penalties`) and min-p shape the choice, not the
+//! reported logprob; the `top_logprobs` alternatives are taken from the same
+//! distribution as the logprob.
+//!
+//! The truncations are vLLM's, in its order: min-p (keep tokens with probability at
+//! least `min_p ×` the largest), then top-k, then top-p over the distribution
+//! renormalised to what is left.
 
+use super::penalties::{Penalties, TokenHistory};
 use super::rng::SeqRng;
 use crate::model::logprob::{for_each_exp, log_normaliser};
 use crate::model::TokenId;
+
+/// A sampling option out of range: refused, never coerced (the field names are the
+/// OpenAI / vLLM request fields).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    #[error("temperature {0} is not a temperature (0 = greedy, or above 0)")]
+    Temperature(f32),
+    #[error("top_p {0} is outside (0, 1]")]
+    TopP(f32),
+    #[error("min_p {0} is outside [0, 1]")]
+    MinP(f32),
+    #[error("repetition_penalty {0} must be above 0 (1 = off)")]
+    RepetitionPenalty(f32),
+    #[error("presence_penalty {0} is outside [-2, 2]")]
+    PresencePenalty(f32),
+    #[error("frequency_penalty {0} is outside [-2, 2]")]
+    FrequencyPenalty(f32),
+    #[error("top_logprobs {0} is above the most alternatives served ({MAX_TOP_LOGPROBS})")]
+    TopLogprobs(usize),
+}
+
+impl SamplingError {
+    /// The request field at fault.
+    pub fn field(&self) -> &'static str {
+        match self {
+            SamplingError::Temperature(_) => "temperature",
+            SamplingError::TopP(_) => "top_p",
+            SamplingError::MinP(_) => "min_p",
+            SamplingError::RepetitionPenalty(_) => "repetition_penalty",
+            SamplingError::PresencePenalty(_) => "presence_penalty",
+            SamplingError::FrequencyPenalty(_) => "frequency_penalty",
+            SamplingError::TopLogprobs(_) => "top_logprobs",
+        }
+    }
+}
+
+/// Most `top_logprobs` alternatives per token (vLLM's default limit is 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// How to pick the next token.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -20,6 +65,10 @@ pub enum Sampling {
         temperature: f32,
         top_k: Option<usize>,
         top_p: Option<f32>,
+        /// vLLM's min-p: tokens below `min_p ×` the most likely one's probability
+        /// are never drawn.
+        #[serde(default)]
+        min_p: Option<f32>,
     },
 }
 
@@ -40,10 +89,116 @@ impl Sampling {
                 temperature: t,
                 top_k: None,
                 top_p: None,
+                min_p: None,
             },
             _ => Sampling::Greedy,
         }
     }
+
+    /// The checked constructor: temperature 0 is greedy (the truncations do not
+    /// change an argmax), above 0 samples; a negative or non-finite temperature, a
+    /// `top_p` outside (0, 1] or a `min_p` outside [0, 1] is an error. `top_k` 0,
+    /// `top_p` 1 and `min_p` 0 mean off.
+    pub fn new(
+        temperature: f32,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        min_p: Option<f32>,
+    ) -> Result<Self, SamplingError> {
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(SamplingError::Temperature(temperature));
+        }
+        if let Some(p) = top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return Err(SamplingError::TopP(p));
+        }
+        if let Some(m) = min_p.filter(|m| !(0.0..=1.0).contains(m)) {
+            return Err(SamplingError::MinP(m));
+        }
+        Ok(if temperature == 0.0 {
+            Sampling::Greedy
+        } else {
+            Sampling::Random {
+                temperature,
+                top_k: top_k.filter(|&k| k > 0),
+                top_p: top_p.filter(|&p| p < 1.0),
+                min_p: min_p.filter(|&m| m > 0.0),
+            }
+        })
+    }
+}
+
+/// A token and its logprob, one of the `top_logprobs` alternatives of a position.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TokenLogprob {
+    pub token: TokenId,
+    pub logprob: f32,
+}
+
+/// How one sequence's next token is drawn beyond its [`Sampling`]: penalties over
+/// what it has seen, and how many alternatives to report.
+#[derive(Debug, Clone, Copy)]
+pub struct DrawOptions<'a> {
+    pub penalties: &'a Penalties,
+    pub history: Option<&'a TokenHistory>,
+    pub top_logprobs: usize,
+}
+
+impl DrawOptions<'_> {
+    /// No penalties, no alternatives.
+    pub const PLAIN: DrawOptions<'static> = DrawOptions {
+        penalties: &Penalties::NONE,
+        history: None,
+        top_logprobs: 0,
+    };
+}
+
+/// [`sample`] with penalties and alternatives: the token is chosen from the penalised
+/// logits, its logprob and the `top_logprobs` best alternatives are the model's
+/// (unpenalised) under the sampling temperature.
+pub fn draw(
+    logits: &[f32],
+    sampling: &Sampling,
+    options: DrawOptions<'_>,
+    rng: &mut SeqRng,
+) -> (SampledToken, Vec<TokenLogprob>) {
+    let sampled = match options.history {
+        Some(history) if !options.penalties.is_neutral() => {
+            let mut shaped = logits.to_vec();
+            options.penalties.apply(&mut shaped, history);
+            let token = sample(&shaped, sampling, rng).token;
+            let (lse, inv_t) = log_normaliser(logits, sampling.logprob_temperature() as f32);
+            SampledToken {
+                token,
+                logprob: (logits[token as usize] as f64 * inv_t - lse) as f32,
+            }
+        }
+        _ => sample(logits, sampling, rng),
+    };
+    let top = top_logprobs(logits, sampling, options.top_logprobs);
+    (sampled, top)
+}
+
+/// The `n` most likely tokens under the distribution logprobs are reported under,
+/// most likely first (ties: the lower id).
+pub fn top_logprobs(logits: &[f32], sampling: &Sampling, n: usize) -> Vec<TokenLogprob> {
+    let n = n.min(logits.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    let (lse, inv_t) = log_normaliser(logits, sampling.logprob_temperature() as f32);
+    let by_logit = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, by_logit);
+        idx.truncate(n);
+    }
+    idx.sort_unstable_by(by_logit);
+    idx.into_iter()
+        .map(|i| TokenLogprob {
+            token: i as TokenId,
+            logprob: (logits[i] as f64 * inv_t - lse) as f32,
+        })
+        .collect()
 }
 
 /// A sampled token and its logprob (see the module docs for which distribution).
@@ -73,13 +228,20 @@ pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledT
             temperature,
             top_k,
             top_p,
+            min_p,
         } => {
             let (lse, inv_t) = log_normaliser(logits, temperature);
             let logprob = |i: usize| logits[i] as f64 * inv_t - lse;
-            let truncated =
-                top_k.is_some_and(|k| k > 0 && k < logits.len()) || top_p.is_some_and(|p| p < 1.0);
+            let truncated = top_k.is_some_and(|k| k > 0 && k < logits.len())
+                || top_p.is_some_and(|p| p < 1.0)
+                || min_p.is_some_and(|m| m > 0.0);
             let chosen = if truncated {
-                sample_truncated(logits, top_k, top_p, &logprob, rng)
+                let limits = Truncation {
+                    top_k,
+                    top_p,
+                    min_p,
+                };
+                sample_truncated(logits, limits, &logprob, rng)
             } else {
                 // Plain sampling needs no sort: walk the vocabulary in id order.
                 // Each step subtracts `logprob(i).exp()`, the same expression.
@@ -103,53 +265,80 @@ pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledT
     }
 }
 
-/// Top-k / top-p: candidates by probability (ties by id), truncated, renormalised.
-fn sample_truncated(
-    logits: &[f32],
+/// The truncations of one draw (see the module docs for their order).
+#[derive(Clone, Copy)]
+struct Truncation {
     top_k: Option<usize>,
     top_p: Option<f32>,
+    min_p: Option<f32>,
+}
+
+/// Min-p, top-k, top-p: candidates by probability (ties by id), truncated,
+/// renormalised, one uniform draw.
+fn sample_truncated(
+    logits: &[f32],
+    limits: Truncation,
     logprob: &dyn Fn(usize) -> f64,
     rng: &mut SeqRng,
 ) -> usize {
     let by_prob = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
     let all = logits.len();
-    let k = top_k.filter(|&k| k > 0).unwrap_or(all).min(all);
-    let p = top_p.filter(|&p| p < 1.0).map(f64::from);
-    // Only the head of the ranking matters. Select a head (the exact top-h set under
-    // the total order above), sort just it, and widen it until it holds mass p: the
-    // result is the same as sorting the whole vocabulary, without the 49k-element sort.
-    let mut h = if p.is_some() { k.min(64) } else { k };
-    let mut idx: Vec<usize>;
-    loop {
-        idx = (0..all).collect();
-        if h < all {
-            idx.select_nth_unstable_by(h - 1, by_prob);
-            idx.truncate(h);
+    // Min-p: p_i ≥ min_p · p_max, compared as probabilities like vLLM.
+    let mut candidates: Vec<usize> = match limits.min_p.filter(|&m| m > 0.0) {
+        Some(m) => {
+            let best = (0..all).min_by(by_prob).unwrap_or(0);
+            let floor = m as f64 * logprob(best).exp();
+            (0..all).filter(|&i| logprob(i).exp() >= floor).collect()
         }
-        idx.sort_unstable_by(by_prob);
-        let Some(p) = p else { break };
-        let mut mass = 0.0;
-        let mut keep = None;
-        for (n, &i) in idx.iter().enumerate() {
-            mass += logprob(i).exp();
-            if mass >= p {
-                keep = Some(n + 1);
-                break;
-            }
-        }
-        match keep {
-            Some(n) => {
-                idx.truncate(n);
-                break;
-            }
-            // The head is all that top-k allows: keep it whole.
-            None if h >= k => break,
-            None => h = (h * 4).min(k),
-        }
+        None => (0..all).collect(),
+    };
+    if let Some(k) = limits.top_k.filter(|&k| k > 0 && k < candidates.len()) {
+        candidates.select_nth_unstable_by(k - 1, by_prob);
+        candidates.truncate(k);
     }
+    let Some(p) = limits.top_p.filter(|&p| p < 1.0).map(f64::from) else {
+        candidates.sort_unstable_by(by_prob);
+        return draw_from(&candidates, logprob, rng);
+    };
+    // Top-p over what min-p and top-k left, renormalised to it (vLLM); over the whole
+    // vocabulary that mass is 1.
+    let target = if candidates.len() == all {
+        p
+    } else {
+        p * candidates.iter().map(|&i| logprob(i).exp()).sum::<f64>()
+    };
+    // Only the head of the ranking matters. Select a head (the exact top-h set under
+    // the total order above), sort just it, and widen it until it holds the target
+    // mass: the same as sorting every candidate, without the 49k-element sort.
+    let mut h = candidates.len().min(64);
+    loop {
+        let mut head = candidates.clone();
+        if h < head.len() {
+            head.select_nth_unstable_by(h - 1, by_prob);
+            head.truncate(h);
+        }
+        head.sort_unstable_by(by_prob);
+        let mut mass = 0.0;
+        for (n, &i) in head.iter().enumerate() {
+            mass += logprob(i).exp();
+            if mass >= target {
+                head.truncate(n + 1);
+                return draw_from(&head, logprob, rng);
+            }
+        }
+        if h >= candidates.len() {
+            // Rounding left the whole set short of the target: keep it whole.
+            return draw_from(&head, logprob, rng);
+        }
+        h = (h * 4).min(candidates.len());
+    }
+}
+
+/// One uniform draw from `idx` (in order) renormalised.
+fn draw_from(idx: &[usize], logprob: &dyn Fn(usize) -> f64, rng: &mut SeqRng) -> usize {
     let total: f64 = idx.iter().map(|&i| logprob(i).exp()).sum();
     let mut u = rng.next_f64() * total;
-    for &i in &idx {
+    for &i in idx {
         u -= logprob(i).exp();
         if u < 0.0 {
             return i;

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{ModelError, TokenId};
 
+use super::penalties::Penalties;
 use super::sampling::Sampling;
 
 /// Why a generation ended.
@@ -30,6 +31,12 @@ pub struct GenParams {
     /// Seed words of this generation's RNG, e.g. (run seed, prompt, tree, branch, step):
     /// the samples depend on these alone, never on the rest of the batch.
     pub seed: Vec<u64>,
+    /// vLLM's repetition, presence and frequency penalties (none by default).
+    #[serde(default)]
+    pub penalties: Penalties,
+    /// How many most likely alternatives to report with each token (0: none).
+    #[serde(default)]
+    pub top_logprobs: usize,
 }
 
 impl GenParams {
@@ -40,6 +47,8 @@ impl GenParams {
             stop_tokens: Vec::new(),
             stop_strings: Vec::new(),
             seed: Vec::new(),
+            penalties: Penalties::NONE,
+            top_logprobs: 0,
         }
     }
 }

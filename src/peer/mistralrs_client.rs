@@ -149,10 +149,12 @@ pub fn sampling_params(
             temperature,
             top_k,
             top_p,
+            min_p,
         } => {
             p.temperature = Some(f64::from(temperature));
             p.top_k = top_k;
             p.top_p = top_p.map(f64::from);
+            p.min_p = min_p.map(f64::from);
         }
     }
     p.max_len = Some(max_len);

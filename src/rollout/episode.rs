@@ -57,6 +57,7 @@ impl EngineSteps<'_> {
             stop_tokens: self.stop_tokens.clone(),
             stop_strings: self.stop_strings.clone(),
             seed,
+            ..GenParams::greedy(0)
         };
         let gen = self.engine.generate(self.seq, params).await?;
         let text = self.engine.model().tokenizer.decode(&gen.tokens)?;

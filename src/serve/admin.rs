@@ -74,3 +74,15 @@ pub async fn health(State(state): State<AppState>) -> Result<Json<serde_json::Va
         "model": state.config.model_name,
     })))
 }
+
+/// SGLang's `load_format` and `flush_cache` are accepted: the file's format is read
+/// from it, and a swap always drops every cached prefix.
+impl super::known_fields::KnownFields for UpdateWeightsRequest {
+    fn unknown_field(body: &serde_json::Value) -> Option<String> {
+        super::known_fields::first_unknown(
+            body,
+            "",
+            &[&["model_path", "load_format", "flush_cache"]],
+        )
+    }
+}

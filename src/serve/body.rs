@@ -12,13 +12,14 @@ use serde::Deserialize;
 use crate::model::{ChatMessage, TokenId};
 
 use super::error::ServeError;
+use super::known_fields::KnownFields;
 use super::state::AppState;
 
 /// A JSON body. Unlike axum's `Json` it takes any content type (`curl -d` sends a
 /// form type) and reports a bad body as a 400 in the API's error shape.
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+impl<T: DeserializeOwned + KnownFields> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ServeError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ServeError> {
@@ -38,7 +39,11 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
         } else {
             &bytes
         };
-        serde_json::from_slice(bytes)
+        let body: serde_json::Value = serde_json::from_slice(bytes).map_err(ServeError::Body)?;
+        if let Some(field) = T::unknown_field(&body) {
+            return Err(ServeError::UnknownField(field));
+        }
+        serde_json::from_value(body)
             .map(ApiJson)
             .map_err(ServeError::Body)
     }

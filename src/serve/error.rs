@@ -21,6 +21,11 @@ pub enum ServeError {
     /// The body is not JSON, or not the JSON this endpoint takes.
     #[error("invalid request body: {0}")]
     Body(#[source] serde_json::Error),
+    /// The body holds a field this endpoint does not read.
+    #[error(
+        "unknown field `{0}`: this endpoint does not read it (see the README's server section)"
+    )]
+    UnknownField(String),
     /// The body is over the server's size limit (`--max-body-mib`).
     #[error("the request body is over the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
@@ -83,7 +88,9 @@ impl ServeError {
     pub fn status(&self) -> StatusCode {
         use ServeError::*;
         match self {
-            Body(_) | Invalid { .. } | ContextLength { .. } => StatusCode::BAD_REQUEST,
+            Body(_) | UnknownField(_) | Invalid { .. } | ContextLength { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Unauthorized => StatusCode::UNAUTHORIZED,
             UnknownSession(_) | NoRoute(_) => StatusCode::NOT_FOUND,
@@ -112,11 +119,12 @@ impl ServeError {
         }
     }
 
-    fn param(&self) -> Option<&'static str> {
+    fn param(&self) -> Option<String> {
         match self {
-            ServeError::Invalid { param, .. } => Some(param),
-            ServeError::Engine(EngineError::BadToken { .. }) => Some("prompt"),
-            ServeError::ContextLength { .. } => Some("max_tokens"),
+            ServeError::Invalid { param, .. } => Some(param.to_string()),
+            ServeError::UnknownField(field) => Some(field.clone()),
+            ServeError::Engine(EngineError::BadToken { .. }) => Some("prompt".into()),
+            ServeError::ContextLength { .. } => Some("max_tokens".into()),
             _ => None,
         }
     }

@@ -16,6 +16,8 @@
 pub mod admin;
 pub mod body;
 pub mod error;
+pub mod known_fields;
+pub mod logprobs;
 pub mod metrics;
 pub mod native;
 pub mod openai;

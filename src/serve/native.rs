@@ -12,6 +12,7 @@ use crate::model::TokenId;
 
 use super::body::{token_ids, ApiJson};
 use super::error::ServeError;
+use super::known_fields::{first_unknown, KnownFields, SAMPLING};
 use super::run::complete;
 use super::sampling::{finish_reason, visible_text, SamplingFields};
 use super::state::AppState;
@@ -166,4 +167,24 @@ pub async fn generate(
     } else {
         outputs.pop().expect("one input gives one output")
     }))
+}
+
+impl KnownFields for GenerateRequest {
+    fn unknown_field(body: &serde_json::Value) -> Option<String> {
+        let own = [
+            "text",
+            "input_ids",
+            "sampling_params",
+            "return_logprob",
+            "stream",
+            "rid",
+        ];
+        first_unknown(body, "", &[&own]).or_else(|| {
+            first_unknown(
+                body.get("sampling_params")?,
+                "sampling_params.",
+                &[SAMPLING, &["n"]],
+            )
+        })
+    }
 }

@@ -5,7 +5,11 @@
 //!
 //! Logprobs are natural-log probabilities of the sampled tokens under the sampling
 //! temperature, over the whole vocabulary (see `engine::sampling`); alternatives
-//! (`top_logprobs`) are not computed: completions give `null`, chat an empty list.
+//! (completions' `logprobs: N`, chat's `top_logprobs: N`) are the N most likely
+//! tokens of that distribution. vLLM's sampling extensions are served: `min_p`,
+//! `repetition_penalty`, `presence_penalty`, `frequency_penalty`, `top_k`,
+//! `return_token_ids`, `return_tokens_as_token_ids`. A field neither endpoint reads is
+//! a 400 naming it (see `known_fields`).
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -14,13 +18,16 @@ use futures_util::future::try_join_all;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::engine::Generation;
+use crate::engine::sampling::MAX_TOP_LOGPROBS;
+use crate::engine::{Generation, SamplingError};
 use crate::model::TokenId;
 
 use super::body::{chat_prompt, token_ids, ApiJson, MessageInput, OneOrMany, PromptInput};
 use super::error::ServeError;
+use super::known_fields::{first_unknown, KnownFields, ACCEPTED_IGNORED};
+use super::logprobs::{self, LoggedTokens, TokenSpelling};
 use super::run::complete;
-use super::sampling::{finish_reason, visible_text, SamplingFields};
+use super::sampling::{finish_reason, sampling_error, visible_text, SamplingFields};
 use super::state::{unix_now, AppState};
 use super::stream::{stream_chat, stream_completion};
 
@@ -61,7 +68,33 @@ struct CommonFields {
     ignore_eos: bool,
     presence_penalty: Option<f32>,
     frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    min_p: Option<f32>,
+    /// vLLM's extension: tokens in `logprobs` spelt `"token_id:N"`.
+    return_tokens_as_token_ids: bool,
     logit_bias: Option<serde_json::Map<String, Value>>,
+}
+
+impl CommonFields {
+    const FIELDS: &'static [&'static str] = &[
+        "temperature",
+        "top_p",
+        "top_k",
+        "n",
+        "seed",
+        "stop",
+        "stream",
+        "stream_options",
+        "return_token_ids",
+        "stop_token_ids",
+        "ignore_eos",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_p",
+        "return_tokens_as_token_ids",
+        "logit_bias",
+    ];
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -85,26 +118,29 @@ impl CommonFields {
     /// Options that would change the distribution in ways this engine does not
     /// implement are refused, never silently ignored.
     fn refuse_unsupported(&self) -> Result<(), ServeError> {
-        if self.presence_penalty.is_some_and(|p| p != 0.0) {
-            return Err(ServeError::invalid(
-                "presence_penalty",
-                "not supported (use 0)",
-            ));
-        }
-        if self.frequency_penalty.is_some_and(|p| p != 0.0) {
-            return Err(ServeError::invalid(
-                "frequency_penalty",
-                "not supported (use 0)",
-            ));
-        }
         if self.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
             return Err(ServeError::invalid("logit_bias", "not supported"));
         }
         Ok(())
     }
 
-    fn sampling(&self, max_tokens: Option<usize>) -> SamplingFields {
-        SamplingFields {
+    /// The sampling fields, with `alternatives` most likely tokens reported per
+    /// token (refused above the engine's limit, and when streaming).
+    fn sampling(
+        &self,
+        max_tokens: Option<usize>,
+        alternatives: usize,
+    ) -> Result<SamplingFields, ServeError> {
+        if alternatives > MAX_TOP_LOGPROBS {
+            return Err(sampling_error(SamplingError::TopLogprobs(alternatives)));
+        }
+        if alternatives > 0 && self.stream {
+            return Err(ServeError::invalid(
+                "top_logprobs",
+                "alternatives are not streamed: ask without `stream`, or for logprobs only",
+            ));
+        }
+        Ok(SamplingFields {
             max_new_tokens: max_tokens,
             temperature: self.temperature,
             top_p: self.top_p,
@@ -113,6 +149,17 @@ impl CommonFields {
             stop_token_ids: self.stop_token_ids.clone(),
             ignore_eos: self.ignore_eos,
             seed: self.seed,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            top_logprobs: alternatives,
+        })
+    }
+
+    fn spelling(&self) -> TokenSpelling {
+        TokenSpelling {
+            as_token_ids: self.return_tokens_as_token_ids,
         }
     }
 
@@ -128,10 +175,9 @@ pub struct CompletionRequest {
     prompt: PromptInput,
     #[serde(default)]
     max_tokens: Option<usize>,
-    /// Return each sampled token's logprob (any value ≥ 0; alternatives are not
-    /// computed).
+    /// Return each sampled token's logprob and its N most likely alternatives.
     #[serde(default)]
-    logprobs: Option<u32>,
+    logprobs: Option<usize>,
     #[serde(default)]
     echo: bool,
     #[serde(default)]
@@ -149,6 +195,7 @@ pub struct Prepared {
     pub sampling: SamplingFields,
     pub seed: u64,
     pub logprobs: bool,
+    pub spelling: TokenSpelling,
     pub return_token_ids: bool,
     pub include_usage: bool,
     pub id: String,
@@ -227,15 +274,17 @@ pub async fn completions(
             "only best_of = n is supported",
         ));
     }
-    let sampling = req
-        .common
-        .sampling(Some(req.max_tokens.unwrap_or(DEFAULT_COMPLETION_TOKENS)));
+    let sampling = req.common.sampling(
+        Some(req.max_tokens.unwrap_or(DEFAULT_COMPLETION_TOKENS)),
+        req.logprobs.unwrap_or(0),
+    )?;
     let prepared = Prepared {
         prompts: completion_prompts(&state, &req.prompt)?,
         choices,
         seed: sampling.seed_or_fresh(&state),
         sampling,
         logprobs: req.logprobs.is_some(),
+        spelling: req.common.spelling(),
         return_token_ids: req.common.return_token_ids,
         include_usage: req.common.include_usage(),
         id: state.request_id("cmpl"),
@@ -268,7 +317,7 @@ pub async fn completions(
                 "index": p * prepared.choices + j,
                 "text": text,
                 "logprobs": if prepared.logprobs {
-                    completion_logprobs(&state, g)?
+                    logprobs::completion(&state, logged(g), 0, prepared.spelling)?
                 } else {
                     Value::Null
                 },
@@ -303,10 +352,9 @@ pub struct ChatRequest {
     max_completion_tokens: Option<usize>,
     #[serde(default)]
     logprobs: bool,
-    /// Accepted for compatibility; alternatives are not computed (empty lists).
+    /// With `logprobs`, each token's N most likely alternatives.
     #[serde(default)]
-    #[allow(dead_code)]
-    top_logprobs: Option<u32>,
+    top_logprobs: Option<usize>,
     #[serde(flatten)]
     common: CommonFields,
 }
@@ -319,15 +367,21 @@ pub async fn chat_completions(
 ) -> Result<Response, ServeError> {
     req.common.refuse_unsupported()?;
     let prompt = chat_prompt(&state, &req.messages)?;
+    let alternatives = if req.logprobs {
+        req.top_logprobs.unwrap_or(0)
+    } else {
+        0
+    };
     let sampling = req
         .common
-        .sampling(req.max_completion_tokens.or(req.max_tokens));
+        .sampling(req.max_completion_tokens.or(req.max_tokens), alternatives)?;
     let prepared = Prepared {
         prompts: vec![prompt],
         choices: req.common.choices()?,
         seed: sampling.seed_or_fresh(&state),
         sampling,
         logprobs: req.logprobs,
+        spelling: req.common.spelling(),
         return_token_ids: req.common.return_token_ids,
         include_usage: req.common.include_usage(),
         id: state.request_id("chatcmpl"),
@@ -351,7 +405,7 @@ pub async fn chat_completions(
                 "content": visible_text(&decode(&state, &g.tokens)?, &stops),
             },
             "logprobs": if prepared.logprobs {
-                json!({ "content": chat_logprobs(&state, &g.tokens, &g.logprobs)? })
+                json!({ "content": logprobs::chat(&state, logged(g), prepared.spelling)? })
             } else {
                 Value::Null
             },
@@ -414,53 +468,38 @@ pub fn decode(state: &AppState, tokens: &[TokenId]) -> Result<String, ServeError
     Ok(state.model.tokenizer.decode(tokens)?)
 }
 
-/// Completions' `logprobs`: token strings, their logprobs and text offsets.
-pub fn completion_logprobs(state: &AppState, g: &Generation) -> Result<Value, ServeError> {
-    completion_logprobs_from(state, &g.tokens, &g.logprobs, 0)
-}
-
-/// [`completion_logprobs`] of a slice of a generation whose text so far is
-/// `offset` bytes long (streaming).
-pub fn completion_logprobs_from(
-    state: &AppState,
-    tokens: &[TokenId],
-    logprobs: &[f32],
-    offset: usize,
-) -> Result<Value, ServeError> {
-    let mut strings = Vec::with_capacity(tokens.len());
-    let mut offsets = Vec::with_capacity(tokens.len());
-    let mut at = offset;
-    for &t in tokens {
-        let s = decode(state, &[t])?;
-        offsets.push(at);
-        at += s.len();
-        strings.push(s);
+/// A whole generation's tokens, logprobs and alternatives.
+pub fn logged(g: &Generation) -> LoggedTokens<'_> {
+    LoggedTokens {
+        tokens: &g.tokens,
+        logprobs: &g.logprobs,
+        alternatives: &g.top_logprobs,
     }
-    Ok(json!({
-        "tokens": strings,
-        "token_logprobs": logprobs,
-        "top_logprobs": Value::Null,
-        "text_offset": offsets,
-    }))
 }
 
-/// Chat's `logprobs.content`: one entry per token.
-pub fn chat_logprobs(
-    state: &AppState,
-    tokens: &[TokenId],
-    logprobs: &[f32],
-) -> Result<Vec<Value>, ServeError> {
-    tokens
-        .iter()
-        .zip(logprobs)
-        .map(|(&t, &lp)| {
-            let s = decode(state, &[t])?;
-            Ok(json!({
-                "token": s,
-                "logprob": lp,
-                "bytes": s.as_bytes(),
-                "top_logprobs": [],
-            }))
-        })
-        .collect()
+impl KnownFields for CompletionRequest {
+    fn unknown_field(body: &Value) -> Option<String> {
+        let own = [
+            "prompt",
+            "max_tokens",
+            "logprobs",
+            "echo",
+            "best_of",
+            "suffix",
+        ];
+        first_unknown(body, "", &[&own, CommonFields::FIELDS, ACCEPTED_IGNORED])
+    }
+}
+
+impl KnownFields for ChatRequest {
+    fn unknown_field(body: &Value) -> Option<String> {
+        let own = [
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "logprobs",
+            "top_logprobs",
+        ];
+        first_unknown(body, "", &[&own, CommonFields::FIELDS, ACCEPTED_IGNORED])
+    }
 }

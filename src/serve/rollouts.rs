@@ -177,3 +177,5 @@ pub async fn rollouts(
         "forests": result.trees,
     })))
 }
+
+impl super::known_fields::KnownFields for RolloutBody {}

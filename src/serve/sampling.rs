@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use crate::engine::{GenParams, Sampling, StopReason};
+use crate::engine::{GenParams, Penalties, Sampling, SamplingError, StopReason};
 use crate::model::TokenId;
 
 use super::body::OneOrMany;
@@ -29,6 +29,16 @@ pub struct SamplingFields {
     /// The RNG seed (SGLang calls it `sampling_seed`).
     #[serde(alias = "sampling_seed")]
     pub seed: Option<u64>,
+    /// vLLM's min-p (0 or absent: off).
+    pub min_p: Option<f32>,
+    /// vLLM's penalties (1, 0, 0 or absent: off).
+    pub repetition_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Alternatives per token (the OpenAI endpoints set it from `logprobs` /
+    /// `top_logprobs`).
+    #[serde(skip)]
+    pub top_logprobs: usize,
 }
 
 impl SamplingFields {
@@ -83,27 +93,21 @@ impl SamplingFields {
             stop_tokens,
             stop_strings,
             seed: vec![seed, choice as u64],
+            penalties: self.penalties()?,
+            top_logprobs: self.top_logprobs,
         })
     }
 
+    fn penalties(&self) -> Result<Penalties, ServeError> {
+        Penalties::new(
+            self.repetition_penalty.unwrap_or(1.0),
+            self.presence_penalty.unwrap_or(0.0),
+            self.frequency_penalty.unwrap_or(0.0),
+        )
+        .map_err(sampling_error)
+    }
+
     fn sampling(&self) -> Result<Sampling, ServeError> {
-        let temperature = self.temperature.unwrap_or(1.0);
-        if !temperature.is_finite() || temperature < 0.0 {
-            return Err(ServeError::invalid(
-                "temperature",
-                format!("{temperature} is not a temperature (0 = greedy, or above 0)"),
-            ));
-        }
-        let top_p = match self.top_p {
-            Some(p) if !(p > 0.0 && p <= 1.0) => {
-                return Err(ServeError::invalid(
-                    "top_p",
-                    format!("{p} is outside (0, 1]"),
-                ))
-            }
-            Some(p) if p < 1.0 => Some(p),
-            _ => None,
-        };
         let top_k = match self.top_k {
             None | Some(0) | Some(-1) => None,
             Some(k) if k > 0 => Some(k as usize),
@@ -114,15 +118,13 @@ impl SamplingFields {
                 ))
             }
         };
-        Ok(if temperature == 0.0 {
-            Sampling::Greedy
-        } else {
-            Sampling::Random {
-                temperature,
-                top_k,
-                top_p,
-            }
-        })
+        Sampling::new(
+            self.temperature.unwrap_or(1.0),
+            top_k,
+            self.top_p,
+            self.min_p,
+        )
+        .map_err(sampling_error)
     }
 
     /// The request's seed, or a fresh one.
@@ -137,6 +139,11 @@ impl SamplingFields {
             .map(OneOrMany::into_vec)
             .unwrap_or_default()
     }
+}
+
+/// A sampling option out of range, as a 400 naming its field.
+pub fn sampling_error(e: SamplingError) -> ServeError {
+    ServeError::invalid(e.field(), e.to_string())
 }
 
 /// OpenAI's `finish_reason` (and SGLang's `finish_reason.type`).

@@ -23,6 +23,7 @@ use crate::model::TokenId;
 
 use super::body::{chat_prompt, text_or_ids, ApiJson, MessageInput};
 use super::error::ServeError;
+use super::known_fields::{first_unknown, KnownFields, SAMPLING};
 use super::sampling::{finish_reason, visible_text, SamplingFields};
 use super::state::AppState;
 
@@ -216,7 +217,7 @@ impl Drop for Lease<'_> {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct CreateRequest {
     input_ids: Option<Vec<i64>>,
     text: Option<String>,
@@ -299,7 +300,7 @@ pub async fn generate(
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct AppendRequest {
     input_ids: Option<Vec<i64>>,
     text: Option<String>,
@@ -336,7 +337,7 @@ pub async fn append(
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ForkRequest {
     n: usize,
 }
@@ -419,4 +420,22 @@ pub async fn delete(
         .ok_or_else(|| ServeError::UnknownSession(id.clone()))?;
     state.engine.free(seq).await?;
     Ok(Json(json!({ "session_id": id, "deleted": true })))
+}
+
+impl KnownFields for CreateRequest {}
+
+impl KnownFields for AppendRequest {}
+
+impl KnownFields for ForkRequest {}
+
+impl KnownFields for GenerateRequest {
+    fn unknown_field(body: &serde_json::Value) -> Option<String> {
+        first_unknown(body, "", &[&["sampling_params"]]).or_else(|| {
+            first_unknown(
+                body.get("sampling_params")?,
+                "sampling_params.",
+                &[SAMPLING],
+            )
+        })
+    }
 }

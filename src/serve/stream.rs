@@ -20,7 +20,8 @@ use crate::engine::{GenParams, StopReason, TokenStream};
 use crate::model::TokenId;
 
 use super::error::{error_chain, ServeError};
-use super::openai::{chat_logprobs, completion_logprobs_from, decode, Prepared, Usage};
+use super::logprobs::{self, LoggedTokens, TokenSpelling};
+use super::openai::{decode, Prepared, Usage};
 use super::run::{stream as start_streams, Started};
 use super::sampling::{finish_reason, visible_text};
 use super::state::AppState;
@@ -56,6 +57,7 @@ struct Frame {
     created: u64,
     model: String,
     logprobs: bool,
+    spelling: TokenSpelling,
     return_token_ids: bool,
     stops: Vec<String>,
 }
@@ -87,12 +89,18 @@ impl Frame {
             finish,
         } = piece;
         let finish = finish.map(finish_reason);
+        // Alternatives are not streamed (such requests are refused).
+        let logged = LoggedTokens {
+            tokens,
+            logprobs,
+            alternatives: &[],
+        };
         let mut choice = match self.api {
             Api::Completion => json!({
                 "index": index,
                 "text": text,
                 "logprobs": if self.logprobs {
-                    completion_logprobs_from(state, tokens, logprobs, text_offset)?
+                    logprobs::completion(state, logged, text_offset, self.spelling)?
                 } else {
                     Value::Null
                 },
@@ -102,7 +110,7 @@ impl Frame {
                 "index": index,
                 "delta": if text.is_empty() && finish.is_some() { json!({}) } else { json!({ "content": text }) },
                 "logprobs": if self.logprobs {
-                    json!({ "content": chat_logprobs(state, tokens, logprobs)? })
+                    json!({ "content": logprobs::chat(state, logged, self.spelling)? })
                 } else {
                     Value::Null
                 },
@@ -144,6 +152,7 @@ async fn respond(
         created: prepared.created,
         model: state.config.model_name.clone(),
         logprobs: prepared.logprobs,
+        spelling: prepared.spelling,
         return_token_ids: prepared.return_token_ids,
         stops: prepared.sampling.stop_strings(),
     });

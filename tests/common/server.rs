@@ -146,6 +146,7 @@ pub fn greedy_oracle(
     let out = generate(
         model,
         &GenerateRequest {
+            penalties: treegrpo::engine::Penalties::NONE,
             prompt: prompt.to_vec(),
             max_new_tokens: n,
             sampling: Sampling::Greedy,

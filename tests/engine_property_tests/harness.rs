@@ -146,6 +146,7 @@ impl Harness {
             Sampling::Greedy
         } else {
             Sampling::Random {
+                min_p: None,
                 temperature: [0.5, 1.0, 1.7][rng.below(3)],
                 top_k: rng.chance(40).then(|| rng.range(1, 20)),
                 top_p: rng.chance(40).then_some(0.9),
@@ -157,6 +158,8 @@ impl Harness {
             Vec::new()
         };
         GenParams {
+            penalties: treegrpo::engine::Penalties::NONE,
+            top_logprobs: 0,
             sampling,
             max_new_tokens: if rng.chance(10) {
                 rng.range(20, 60)

@@ -1,7 +1,9 @@
 """Type stubs of the compiled module ``treegrpo._treegrpo`` (see ``python/src``)."""
 
 from os import PathLike
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .adapters import TokenOutput
 
 __version__: str
 
@@ -22,6 +24,9 @@ class Generation:
     """The weights every token was sampled under."""
     text: str
     """The token ids decoded."""
+    top_logprobs: List[List[Tuple[int, float]]]
+    """With ``logprobs=N``: each token's N most likely ``(token_id, logprob)``
+    alternatives under the distribution ``logprobs`` are taken from (else empty)."""
     def to_dict(self) -> Dict[str, Any]: ...
     def __len__(self) -> int: ...
 
@@ -57,6 +62,12 @@ class Session:
         top_k: Optional[int] = None,
         stop: Union[None, str, Sequence[str]] = None,
         seed: Optional[int] = None,
+        *,
+        min_p: Optional[float] = None,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logprobs: int = 0,
     ) -> Generation:
         """Generates from the session's tokens; the tokens become part of it."""
     def append(self, token_ids: Sequence[int]) -> None: ...
@@ -91,16 +102,30 @@ class Engine:
         top_k: Optional[int] = None,
         stop: Union[None, str, Sequence[str]] = None,
         seed: Optional[int] = None,
+        *,
+        min_p: Optional[float] = None,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logprobs: int = 0,
     ) -> List[Generation]:
-        """Completes every prompt (texts or token-id lists) in one batch."""
+        """Completes every prompt (texts or token-id lists) in one batch. vLLM's
+        extensions: ``min_p``, the three penalties (they shape the choice; ``logprobs``
+        stay the model's), ``logprobs=N`` alternatives per token (up to 20)."""
     def agenerate(
         self,
         prompt_ids: Sequence[int],
         sampling_params: Optional[Dict[str, Any]] = None,
         request_id: Optional[str] = None,
-    ) -> Awaitable[Dict[str, Any]]:
-        """verl's async server call: ``{"token_ids", "log_probs", "stop_reason",
-        "weight_version"}``."""
+        *,
+        image_data: None = None,
+        video_data: None = None,
+    ) -> Awaitable[TokenOutput]:
+        """verl 0.9.1's rollout-server ``generate`` (positional, or all by keyword as
+        verl's client calls it): a :class:`treegrpo.adapters.TokenOutput` with
+        ``stop_reason="completed"`` and ``extra_fields`` ``{"weight_version",
+        "finish_reason"}``. The request id seeds the sampling. ``image_data`` and
+        ``video_data`` other than None are a ``ValueError`` (text-only engine)."""
     def session(self, prompt_ids: Prompt) -> Session: ...
     def load_weights(self, path: Union[str, PathLike[str]], version: Optional[int] = None) -> int:
         """Serves a checkpoint's weights from now on; returns the new version

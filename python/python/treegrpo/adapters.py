@@ -1,7 +1,10 @@
 """Trajectories in the shapes trainers consume, without importing torch.
 
-- :func:`to_verl` — one dict per trajectory with the fields of verl's
+- :func:`to_verl` — one dict per trajectory with the 12 fields of verl 0.9.1's
   ``AgentLoopOutput`` (``verl/experimental/agent_loop/agent_loop.py``).
+- :class:`TokenOutput` — what ``await Engine.agenerate(...)`` returns: the fields of
+  verl 0.9.1's ``TokenOutput`` (``verl/workers/rollout/replica.py``), the result of
+  its rollout servers' ``generate``.
 - :func:`trl_rollout_func` — a callable with TRL's ``rollout_func(prompts, trainer)``
   contract (``GRPOTrainer(rollout_func=...)``): ``prompt_ids``, ``completion_ids``,
   ``logprobs`` and ``env_mask`` per completion, plus ``reward``, ``advantage`` and
@@ -13,10 +16,35 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 # The per-token fields that must each be as long as ``response_ids``.
 VERL_TOKEN_FIELDS = ("response_ids", "response_mask", "response_logprobs")
+
+
+@dataclass
+class TokenOutput:
+    """One generation as verl's rollout servers return it (verl 0.9.1's
+    ``TokenOutput``); verl's agent loops read it by attribute and add to
+    ``extra_fields``.
+
+    ``token_ids``: the generated tokens (a stop token that ended it is not
+    included). ``log_probs``: each token's natural-log probability under the
+    sampling distribution. ``routed_experts``: None (a dense model).
+    ``stop_reason``: ``"completed"`` (verl's word for vLLM's ``stop`` and
+    ``length``; ``"aborted"`` and None are the other values verl knows).
+    ``num_preempted``: the times the request's sequence was preempted (its KV
+    dropped under memory pressure, then recomputed) while it generated. ``extra_fields``: ``weight_version`` (the weights every
+    token was sampled under) and ``finish_reason`` (``"stop"`` or ``"length"``).
+    """
+
+    token_ids: List[int]
+    log_probs: Optional[List[float]] = None
+    routed_experts: Any = None
+    stop_reason: Optional[str] = None
+    num_preempted: Optional[int] = None
+    extra_fields: Dict[str, Any] = field(default_factory=dict)
 
 
 def _array(values: Sequence[Any], as_numpy: bool, dtype: str) -> Any:
@@ -28,12 +56,16 @@ def _array(values: Sequence[Any], as_numpy: bool, dtype: str) -> Any:
 
 
 def to_verl(trajectories: Sequence[Dict[str, Any]], as_numpy: bool = False) -> List[Dict[str, Any]]:
-    """verl ``AgentLoopOutput`` fields for each trajectory of :func:`treegrpo.rollout`.
+    """verl 0.9.1 ``AgentLoopOutput`` fields (all 12) for each trajectory of
+    :func:`treegrpo.rollout`.
 
     ``response_mask`` is 1 on model tokens and 0 on observation tokens (verl's
     convention); ``reward_score`` is the trajectory's reward; ``extra_fields`` carries
     the tree ids and Tree-GRPO's advantage, so a trainer can use the tree's
-    step-level credit instead of recomputing group advantages.
+    step-level credit instead of recomputing group advantages. The fields of
+    mixture-of-experts and multi-modal models (``routed_experts``,
+    ``multi_modal_data``, ``mm_processor_kwargs``, ``mm_processor_output``) are
+    None, verl's defaults: the engine serves dense text-only models.
     """
     out = []
     for t in trajectories:
@@ -51,6 +83,7 @@ def to_verl(trajectories: Sequence[Dict[str, Any]], as_numpy: bool = False) -> L
                 "response_ids": _array(t["response_ids"], as_numpy, "int64"),
                 "response_mask": _array(t["response_mask"], as_numpy, "int64"),
                 "response_logprobs": _array(t["response_logprobs"], as_numpy, "float32"),
+                "routed_experts": None,
                 "multi_modal_data": None,
                 "reward_score": float(t["reward"]),
                 "num_turns": int(t["num_turns"]),
@@ -63,6 +96,8 @@ def to_verl(trajectories: Sequence[Dict[str, Any]], as_numpy: bool = False) -> L
                     "advantage": float(t["advantage"]),
                     "temperature": t.get("temperature"),
                 },
+                "mm_processor_kwargs": None,
+                "mm_processor_output": None,
             }
         )
     return out

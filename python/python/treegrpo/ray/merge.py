@@ -17,15 +17,16 @@ from .. import RolloutResult
 
 @dataclass
 class PromptResult:
-    """One prompt's rollout: the call's result, the replica slot that made it, how
-    many calls it took (more than one after a replica died), and the seconds from
-    sending its last call to having its result (the replica's run plus what Ray and
-    the call's wrapping add)."""
+    """One prompt's rollout: the call's result, the replica slot that made it and
+    the Ray node that replica ran on, how many calls it took (more than one after a
+    replica died), and the seconds from sending its last call to having its result
+    (the replica's run plus what Ray and the call's wrapping add)."""
 
     result: RolloutResult
     replica: int
     attempts: int
     call_seconds: float
+    node_id: Optional[str] = None
 
 
 def add_tokens(total: Dict[str, int], part: Dict[str, int]) -> None:
@@ -70,6 +71,7 @@ def merge(
                 dict(
                     f,
                     replica=part.replica,
+                    node_id=part.node_id,
                     weight_version=s["weight_version"],
                     attempts=part.attempts,
                     call_seconds=part.call_seconds,

@@ -6,8 +6,11 @@ one replica (its trees share the prompt's prefix cache and its branches fork
 locally), and each replica runs several prompts at once on its engine. A prompt goes
 to the live replica with the fewest prompts outstanding. Seeds derive from the
 prompt's index in the run (``prompt_offset``), so a prompt gives the same trajectories
-on any replica, and a prompt whose replica died is re-run on another one with the
-same result.
+on any replica, and a prompt whose replica died (its process, or its whole node) is
+re-run on another one with the same result.
+
+Replicas are spread over the cluster's nodes (Ray's ``SPREAD`` strategy, best effort:
+one per node while nodes have room), so losing a node loses as few replicas as can be.
 """
 
 from __future__ import annotations
@@ -20,7 +23,14 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, Union
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import (
+    ActorUnschedulableError,
+    NodeDiedError,
+    ObjectLostError,
+    RayActorError,
+    RayTaskError,
+    WorkerCrashedError,
+)
 
 import treegrpo
 
@@ -36,6 +46,11 @@ ROLLOUT_OPTIONS = frozenset(
 # Most prompts in flight on one replica (each is a call running on one of the
 # actor's threads); two more threads answer `info`, `stats` and `load_weights`.
 MAX_PROMPTS_PER_REPLICA = 64
+
+# What a call raises when its replica is gone (its process killed or crashed, its node
+# lost, or the result lost with that node): the prompt is re-run elsewhere. An error
+# the rollout itself raised (a bad option, the environment's exception) is not one.
+REPLICA_LOST = (RayActorError, NodeDiedError, WorkerCrashedError, ObjectLostError)
 
 
 class PoolError(RuntimeError):
@@ -76,7 +91,8 @@ class RolloutPool:
     (a replacement loads the pool's current weights before it gets work);
     ``start_timeout``: seconds a replica may take to start before its slot is given
     up. ``actor_options``: more ``.options(...)`` for the actors (resources, a
-    placement group's scheduling strategy). ``engine_options``: the
+    placement group's or a node's scheduling strategy, replacing the default
+    ``"SPREAD"``: replicas on as many nodes as have room). ``engine_options``: the
     :class:`treegrpo.Engine`'s (``kv_mib``, ``max_batch_seqs``, ``seed``).
 
     Ray must be initialised (``ray.init()``, or ``ray.init(address=...)`` to join a
@@ -142,6 +158,10 @@ class RolloutPool:
             runtime_env={"env_vars": thread_env(self.threads)},
         )
         options.update(self.actor_options)
+        if "placement_group" not in options:
+            # One replica per node while nodes have room: a lost node takes as few
+            # replicas with it as can be, and a replacement lands on a live node.
+            options.setdefault("scheduling_strategy", "SPREAD")
         actor_class = ray.remote(RolloutReplica)
         slot.actor = actor_class.options(**options).remote(
             self.model, self.threads, **self.engine_options
@@ -172,7 +192,8 @@ class RolloutPool:
         actor = slot.actor
         try:
             slot.info = ray.get(slot.ready_ref)
-        except RayActorError as e:
+        except (*REPLICA_LOST, ActorUnschedulableError) as e:
+            # Unschedulable: its strategy names a node that is gone (node affinity).
             slot.last_error = _cause(e)
             self._mark_dead(slot, actor)
             return
@@ -242,7 +263,7 @@ class RolloutPool:
         for slot, actor, ref in calls:
             try:
                 ray.get(ref)
-            except RayActorError:
+            except REPLICA_LOST:
                 self._mark_dead(slot, actor)
         self.wait_ready(self.start_timeout)
         if not self._live():
@@ -270,7 +291,7 @@ class RolloutPool:
         for slot, actor, call in calls:
             try:
                 ray.get(call)
-            except RayActorError:
+            except REPLICA_LOST:
                 self._mark_dead(slot, actor)
             except RayTaskError as e:
                 refused = refused or e.as_instanceof_cause()
@@ -300,7 +321,8 @@ class RolloutPool:
         finished prompts computed that many tokens no more prompts start.
         ``progress`` is called after each finished prompt with ``prompts_done``,
         ``prompts``, ``rollouts``, ``computed_tokens``, ``seconds``, ``replica``.
-        ``summary["forests"][i]`` says which ``replica`` slot made prompt ``i``, under
+        ``summary["forests"][i]`` says which ``replica`` slot made prompt ``i`` (on
+        which Ray ``node_id``), under
         which ``weight_version``, in how many ``attempts``, and its ``call_seconds``
         (its ``wall_seconds`` on the replica plus what Ray adds); ``summary["pool"]``
         counts replicas, deaths and re-runs.
@@ -319,8 +341,9 @@ class RolloutPool:
         pending: Deque[int] = deque(range(n))
         attempts = [0] * n
         finished: Dict[int, PromptResult] = {}
-        # Each call in flight: its prompt, slot, actor and when it was sent.
-        in_flight: Dict[Any, Tuple[int, ReplicaSlot, Any, float]] = {}
+        # Each call in flight: its prompt, slot, actor, the actor's node and when it
+        # was sent.
+        in_flight: Dict[Any, Tuple[int, ReplicaSlot, Any, Optional[str], float]] = {}
         computed = 0
         rollouts = 0
         reruns = 0
@@ -338,7 +361,9 @@ class RolloutPool:
                     ref = slot.actor.rollout.remote(
                         env_ref, prompt_samples[i], prompt_offset=i, **options
                     )
-                    in_flight[ref] = (i, slot, slot.actor, time.monotonic())
+                    in_flight[ref] = (
+                        i, slot, slot.actor, slot.info.get("node_id"), time.monotonic()
+                    )
                     slot.outstanding += 1
                 if budget_spent:
                     pending.clear()
@@ -358,19 +383,24 @@ class RolloutPool:
                     if ref in starting:
                         self._became_ready(starting[ref])
                         continue
-                    i, slot, actor, sent = in_flight.pop(ref)
+                    i, slot, actor, node_id, sent = in_flight.pop(ref)
                     if slot.actor is actor:
                         slot.outstanding -= 1
                     try:
                         result = ray.get(ref)
-                    except RayActorError:
-                        # The replica died with this prompt: run it again elsewhere.
+                    except REPLICA_LOST:
+                        # The replica (or its node) died with this prompt: run it
+                        # again elsewhere.
                         self._mark_dead(slot, actor)
                         pending.appendleft(i)
                         reruns += 1
                         continue
                     finished[i] = PromptResult(
-                        result, slot.index, attempts[i], time.monotonic() - sent
+                        result,
+                        slot.index,
+                        attempts[i],
+                        time.monotonic() - sent,
+                        node_id,
                     )
                     computed += result.summary["tokens"]["computed"]
                     rollouts += len(result.trajectories)

@@ -14,6 +14,8 @@ import os
 import socket
 from typing import Any, Dict, List, Optional, Union
 
+import ray
+
 import treegrpo
 
 # Environment variables that size the engine's compute threads (read once, when the
@@ -54,11 +56,12 @@ class RolloutReplica:
         self.engine = treegrpo.Engine(model, **engine_options)
 
     def info(self) -> Dict[str, Any]:
-        """Where the replica runs and what it serves: ``pid``, ``host``,
-        ``model_path``, ``threads``, ``weight_version``."""
+        """Where the replica runs and what it serves: ``pid``, ``host``, ``node_id``
+        (the Ray node's id, hex), ``model_path``, ``threads``, ``weight_version``."""
         return {
             "pid": os.getpid(),
             "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "model_path": self.engine.model_path,
             "threads": self.threads,
             "weight_version": self.engine.weight_version,
