@@ -51,6 +51,8 @@ fn the_python_package_passes_its_pytest_suite() {
             "no:cacheprovider",
             // The slowest tests' times in the log: what to trim when CI grows.
             "--durations=8",
+            // Run by tests/trl_tests.rs, in the venv that has torch and trl.
+            "--ignore=python/tests/test_trl.py",
             "python/tests",
         ])
         .current_dir(env!("CARGO_MANIFEST_DIR"))

@@ -13,18 +13,22 @@
 //! UNpermuted llama GGUF gives clearly different logits, which proves the comparison
 //! would catch the trap.
 //!
-//! Also covered: bf16 and f16 checkpoints (logits within a stated tolerance of f32),
+//! Also covered: a state dict in HF layout served where a llama GGUF was (as
+//! `Engine.load_state_dict` does) computes the HF logits; bf16 and f16 checkpoints
+//! (logits within a stated tolerance of f32),
 //! a checkpoint sharded over two files with `model.safetensors.index.json`, and that
 //! the HF `tokenizer.json` and the GGUF tokenizer metadata tokenise and template alike.
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::DType;
+use candle_core::{DType, Tensor};
 use common::max_abs_diff;
 use common::tiny::{logits_all, write_gguf, Flavour, TinyModel};
-use treegrpo::model::{ChatMessage, LoadedModel, RopeStyle};
+use treegrpo::model::{ChatMessage, LoadedModel, Model, RopeStyle};
 
 /// Same f32 weights, different summation order only.
 const F32_TOLERANCE: f32 = 1e-4;
@@ -120,6 +124,28 @@ fn unpermuted_llama_gguf_gives_different_logits() {
     let d = worst_diff(&hf, &bad, tiny.context);
     eprintln!("unpermuted: worst |Δlogit| = {d}");
     assert!(d > 0.1, "unpermuted GGUF should differ clearly, got {d}");
+}
+
+/// A trainer's state dict (HF names, HF layout) served where a llama GGUF was (its
+/// config pairs RoPE dimensions as llama.cpp's permuted Q/K rows need) computes the HF
+/// checkpoint's logits: `Model::from_hf_state_dict` pairs them as HF does.
+#[test]
+fn an_hf_state_dict_in_place_of_a_llama_gguf_computes_the_hf_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tiny = TinyModel::new(Flavour::Llama, 7);
+    let (hf, mut gguf) = hf_and_gguf(&tiny, tmp.path());
+    assert_eq!(gguf.model.config().rope_style, RopeStyle::Interleaved);
+    let tensors: HashMap<String, Tensor> = tiny.tensors.iter().cloned().collect();
+    let served = Model::from_hf_state_dict(
+        gguf.model.config().clone(),
+        tensors,
+        Path::new("<state dict>"),
+    )
+    .unwrap();
+    gguf.model = Arc::new(served);
+    let d = worst_diff(&hf, &gguf, tiny.context);
+    eprintln!("state dict on the GGUF's config vs HF: worst |Δlogit| = {d:e}");
+    assert!(d <= F32_TOLERANCE, "differ by {d}");
 }
 
 /// Half-precision checkpoints keep their bf16/f16 weights (widened exactly as the

@@ -1,14 +1,14 @@
 //! `treegrpo.Engine`: the library's engine (its own thread, batched decode over the
 //! forking KV cache) with blocking and asyncio calls, and `treegrpo.Generation`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tokio::task::JoinSet;
 use treegrpo::engine::{Engine, EngineConfig, GenParams, Generation, OwnedSeq};
-use treegrpo::model::{LoadedModel, TokenId};
+use treegrpo::model::{LoadedModel, Model, TokenId};
 
 use crate::awaitable::spawn_awaitable;
 use crate::convert;
@@ -18,7 +18,11 @@ use crate::sampling::{
     alternatives, finish_reason, stop_reason_name, verl_stop_reason, Extensions, SamplingArgs,
 };
 use crate::session::Session;
+use crate::state_dict;
 use crate::tokenizer::Tokenizer;
+
+/// What errors about a state dict's tensors name as their source (there is no file).
+const STATE_DICT: &str = "<state dict>";
 
 /// The inference engine: a model, its paged KV cache and the scheduler batching every
 /// sequence's next token into one forward.
@@ -208,6 +212,44 @@ impl PyEngine {
                 .load_weights_from_as(&path, version)
                 .await
                 .map_err(engine_error)
+        })
+    }
+
+    /// Serves the weights of a state dict from now on, as [`Self::load_weights`] serves
+    /// a checkpoint's: `state` maps HF parameter names (`model.layers.0.mlp.up_proj.weight`,
+    /// what a transformers model's `state_dict()` holds) to torch tensors or numpy arrays
+    /// of any float dtype, read from memory (no file). An unknown or missing name, a
+    /// wrong shape or a tied `lm_head.weight` that is not the embedding is a
+    /// `ValueError` naming the tensor, and the engine serves on as before.
+    #[pyo3(signature = (state, version=None))]
+    fn load_state_dict(
+        &self,
+        py: Python<'_>,
+        state: &Bound<'_, PyAny>,
+        version: Option<u64>,
+    ) -> PyResult<u64> {
+        let served = &self.model().model;
+        let config = served.config().clone();
+        let precision = served.precision();
+        let tensors = state_dict::tensors(state, config.tie_word_embeddings)?;
+        let model = py
+            .detach(|| {
+                let model = Model::from_hf_state_dict(config, tensors, Path::new(STATE_DICT))?;
+                // Served at the engine's precision, as `load_weights` serves a file.
+                if model.serves_at(precision) {
+                    Ok(model)
+                } else {
+                    model.at_precision(precision)
+                }
+            })
+            .map_err(model_error)?;
+        let (engine, weights) = (self.engine.clone(), Arc::new(model));
+        wait(py, async move {
+            match version {
+                Some(v) => engine.load_weights_as(weights, v).await,
+                None => engine.load_weights(weights).await,
+            }
+            .map_err(engine_error)
         })
     }
 

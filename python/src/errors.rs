@@ -37,7 +37,8 @@ pub fn model_error(e: ModelError) -> PyErr {
         | ModelError::MissingTokenizer { .. }
         | ModelError::Tokenizer(_)
         | ModelError::Template(_)
-        | ModelError::ContextOverflow { .. } => PyValueError::new_err(message),
+        | ModelError::ContextOverflow { .. }
+        | ModelError::UnusableTensor { .. } => PyValueError::new_err(message),
         _ => PyRuntimeError::new_err(message),
     }
 }

@@ -7,6 +7,8 @@
 //! - `rollout`: tree rollouts over a built-in task or a Python environment (`env`).
 //! - `update`: one policy-gradient update into a checkpoint; `trainer`: `Trainer`,
 //!   the training loop (rollouts → update → weight swap, step after step).
+//! - `state_dict`: `Engine.load_state_dict`'s tensors, read from torch or numpy
+//!   memory.
 //! - `runtime`: the tokio runtime and the GIL-free, Ctrl-C-aware wait;
 //!   `awaitable`: engine work as an asyncio future.
 //! - `errors`: the library's errors as Python exceptions; `convert`, `sampling`:
@@ -21,6 +23,7 @@ mod rollout;
 mod runtime;
 mod sampling;
 mod session;
+mod state_dict;
 mod tokenizer;
 mod trainer;
 mod update;

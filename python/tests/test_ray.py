@@ -167,10 +167,35 @@ def test_new_weights_reach_every_replica(pool, checkpoint):
     assert all(f["weight_version"] == 1 for f in out.summary["forests"])
 
 
+def test_a_state_dict_reaches_every_replica(pool):
+    if TEST_MODEL is None:
+        pytest.skip("needs the tiny HF model cargo test writes (TREEGRPO_TEST_MODEL)")
+    from test_state_dict import moved, start_weights
+
+    prompt = "The capital of France is"
+    state = moved(start_weights(), seed=4)
+    local = treegrpo.Engine(**ENGINE)
+    local.load_state_dict(state)
+    [want] = local.generate([prompt], max_tokens=8)
+    version = pool.weight_version + 1
+    assert pool.load_state_dict(state) == version
+    assert [i["weight_version"] for i in pool.info()] == [version] * 2
+    for a in pool.replicas:
+        [got] = ray.get(a.generate.remote([prompt], max_tokens=8))
+        assert (got["token_ids"], got["logprobs"]) == (want.token_ids, want.logprobs)
+    bad = dict(state, **{"model.layers.0.mlp.extra.weight": state["model.norm.weight"]})
+    with pytest.raises(ValueError, match="model.layers.0.mlp.extra.weight"):
+        pool.load_state_dict(bad)
+    assert pool.weight_version == version
+    assert [i["weight_version"] for i in pool.info()] == [version] * 2
+
+
 def test_a_python_environment_runs_on_the_replicas(pool):
     engine = treegrpo.Engine(**ENGINE)
-    if pool.weight_version:
+    if isinstance(pool.weights, str):
         engine.load_weights(pool.weights, pool.weight_version)
+    elif pool.weights is not None:  # a state dict's object ref
+        engine.load_state_dict(ray.get(pool.weights), pool.weight_version)
     shape = dict(trees=2, expand=1, rounds=1, max_turns=1, max_step_tokens=12, seed=5)
     single = treegrpo.rollout(engine, CalcTask, SAMPLES, **shape)
     spread = pool.rollout(CalcTask, SAMPLES, **shape)

@@ -53,6 +53,14 @@ pub enum ModelError {
     /// A weight matrix our kernels cannot hold as given.
     #[error("weights: {0}")]
     Pack(#[from] super::kernels::PackError),
+    /// A tensor handed over by name that the model has no place for (a weight of
+    /// another architecture, or a tied output layer that is not the embedding).
+    #[error("{path}: tensor '{name}' {msg}")]
+    UnusableTensor {
+        path: PathBuf,
+        name: String,
+        msg: String,
+    },
 }
 
 impl ModelError {

@@ -3,6 +3,8 @@
 //! - [`config`]: the typed architecture description both loaders produce.
 //! - [`gguf_file`]: a bounds-checked GGUF reader (metadata and tensor directory).
 //! - [`gguf`] / [`safetensors`]: the two loaders (llama.cpp files and HF directories).
+//! - `state_dict` ([`Model::from_hf_state_dict`]): a trainer's weights by HF name,
+//!   handed over in memory instead of a checkpoint folder.
 //! - [`tokenizer`]: byte-level BPE from GGUF metadata, or `tokenizer.json` through `tokenizers`.
 //! - [`chat`]: chat messages and the model's own Jinja chat template.
 //! - [`forward`]: the decoder forward over a ragged batch, weights immutable and shared.
@@ -41,6 +43,7 @@ pub mod ops;
 pub mod precision;
 pub mod rope;
 pub mod safetensors;
+mod state_dict;
 pub mod step_logits;
 pub mod team;
 pub mod tokenizer;

@@ -272,24 +272,7 @@ impl TensorSource for SafetensorsSource {
     }
 
     fn name(&self, role: Role) -> String {
-        let l = |i: usize, rest: &str| format!("model.layers.{i}.{rest}");
-        match role {
-            Role::Embedding => "model.embed_tokens.weight".into(),
-            Role::FinalNorm => "model.norm.weight".into(),
-            Role::LmHead => "lm_head.weight".into(),
-            Role::AttnNorm(i) => l(i, "input_layernorm.weight"),
-            Role::Q(i) => l(i, "self_attn.q_proj.weight"),
-            Role::K(i) => l(i, "self_attn.k_proj.weight"),
-            Role::V(i) => l(i, "self_attn.v_proj.weight"),
-            Role::O(i) => l(i, "self_attn.o_proj.weight"),
-            Role::QBias(i) => l(i, "self_attn.q_proj.bias"),
-            Role::KBias(i) => l(i, "self_attn.k_proj.bias"),
-            Role::VBias(i) => l(i, "self_attn.v_proj.bias"),
-            Role::FfnNorm(i) => l(i, "post_attention_layernorm.weight"),
-            Role::Gate(i) => l(i, "mlp.gate_proj.weight"),
-            Role::Up(i) => l(i, "mlp.up_proj.weight"),
-            Role::Down(i) => l(i, "mlp.down_proj.weight"),
-        }
+        hf_name(role)
     }
 
     fn contains(&self, name: &str) -> bool {
@@ -306,5 +289,27 @@ impl TensorSource for SafetensorsSource {
 
     fn f32s(&mut self, name: &str) -> Result<Vec<f32>, ModelError> {
         Ok(self.get(name)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+}
+
+/// A weight's name in an HF checkpoint (and in a transformers model's `state_dict()`).
+pub(crate) fn hf_name(role: Role) -> String {
+    let l = |i: usize, rest: &str| format!("model.layers.{i}.{rest}");
+    match role {
+        Role::Embedding => "model.embed_tokens.weight".into(),
+        Role::FinalNorm => "model.norm.weight".into(),
+        Role::LmHead => "lm_head.weight".into(),
+        Role::AttnNorm(i) => l(i, "input_layernorm.weight"),
+        Role::Q(i) => l(i, "self_attn.q_proj.weight"),
+        Role::K(i) => l(i, "self_attn.k_proj.weight"),
+        Role::V(i) => l(i, "self_attn.v_proj.weight"),
+        Role::O(i) => l(i, "self_attn.o_proj.weight"),
+        Role::QBias(i) => l(i, "self_attn.q_proj.bias"),
+        Role::KBias(i) => l(i, "self_attn.k_proj.bias"),
+        Role::VBias(i) => l(i, "self_attn.v_proj.bias"),
+        Role::FfnNorm(i) => l(i, "post_attention_layernorm.weight"),
+        Role::Gate(i) => l(i, "mlp.gate_proj.weight"),
+        Role::Up(i) => l(i, "mlp.up_proj.weight"),
+        Role::Down(i) => l(i, "mlp.down_proj.weight"),
     }
 }

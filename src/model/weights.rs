@@ -46,6 +46,30 @@ pub(crate) trait TensorSource {
     fn f32s(&mut self, name: &str) -> Result<Vec<f32>, ModelError>;
 }
 
+/// Every weight a model of `config` reads, in build order: the names a checkpoint of
+/// it holds (q/k/v biases for qwen2 only; the output layer only when untied).
+pub(crate) fn roles(config: &ModelConfig) -> Vec<Role> {
+    let mut roles = vec![Role::Embedding];
+    for i in 0..config.num_layers {
+        roles.extend([Role::AttnNorm(i), Role::Q(i), Role::K(i), Role::V(i)]);
+        if config.architecture == Architecture::Qwen2 {
+            roles.extend([Role::QBias(i), Role::KBias(i), Role::VBias(i)]);
+        }
+        roles.extend([
+            Role::O(i),
+            Role::FfnNorm(i),
+            Role::Gate(i),
+            Role::Up(i),
+            Role::Down(i),
+        ]);
+    }
+    roles.push(Role::FinalNorm);
+    if !config.tie_word_embeddings {
+        roles.push(Role::LmHead);
+    }
+    roles
+}
+
 fn check(src: &dyn TensorSource, name: &str, expected: &[usize]) -> Result<(), ModelError> {
     match src.dims(name) {
         None => Err(ModelError::MissingTensor {

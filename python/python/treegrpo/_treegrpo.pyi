@@ -1,7 +1,7 @@
 """Type stubs of the compiled module ``treegrpo._treegrpo`` (see ``python/src``)."""
 
 from os import PathLike
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union, Tuple
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .adapters import TokenOutput
 
@@ -130,6 +130,16 @@ class Engine:
     def load_weights(self, path: Union[str, PathLike[str]], version: Optional[int] = None) -> int:
         """Serves a checkpoint's weights from now on; returns the new version
         (``version`` when given, which must be above the served one; else the next)."""
+    def load_state_dict(self, state: Mapping[str, Any], version: Optional[int] = None) -> int:
+        """Serves a state dict's weights from now on (no file); returns the new version
+        as :meth:`load_weights` does. ``state``: HF parameter names
+        (``model.layers.0.self_attn.q_proj.weight``, what a transformers model's
+        ``state_dict()`` holds) to torch tensors (float32, bfloat16, float16, float64;
+        any device, copied to the CPU) or numpy arrays (float32, float16, float64,
+        ml_dtypes' bfloat16), read from their memory. A tied ``lm_head.weight`` equal
+        to the embedding is accepted. An unknown or missing name, a wrong shape or dtype
+        is a ``ValueError`` naming the tensor, and the engine serves on as before. An
+        engine started on a llama GGUF serves HF-layout weights with HF's RoPE pairing."""
     def reset_prefix_cache(self) -> None: ...
     def stats(self) -> Dict[str, Any]:
         """Counters (prefilled, decoded, reused, computed), KV pool, sequences,

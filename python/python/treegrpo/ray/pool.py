@@ -28,6 +28,7 @@ from ray.exceptions import (
     NodeDiedError,
     ObjectLostError,
     RayActorError,
+    RayTaskError,
     WorkerCrashedError,
 )
 
@@ -124,7 +125,8 @@ class RolloutPool:
         self.actor_options = dict(actor_options or {})
         self.engine_options = engine_options
         self.weight_version = 0
-        self.weights: Optional[str] = None
+        # What new replicas load: a checkpoint path, or a state dict's object ref.
+        self.weights: Any = None
         self.deaths = 0
         self.slots = [ReplicaSlot(i) for i in range(num_replicas)]
         for slot in self.slots:
@@ -263,6 +265,40 @@ class RolloutPool:
                 ray.get(ref)
             except REPLICA_LOST:
                 self._mark_dead(slot, actor)
+        self.wait_ready(self.start_timeout)
+        if not self._live():
+            raise PoolError("every replica of the pool died")
+        return version
+
+    def load_state_dict(self, state: Any, version: Optional[int] = None) -> int:
+        """Serves a trainer's weights, ``state`` (HF parameter names to torch tensors
+        or numpy arrays, as :meth:`treegrpo.Engine.load_state_dict` takes them), on
+        every replica as ``version`` (above the pool's; default the next) and returns
+        it. The state dict is put in Ray's object store once and every replica reads
+        that one object; replicas starting later load it too. A bad state dict (an
+        unknown or missing name, a wrong shape) raises the replicas' ``ValueError``
+        and the pool serves on as before."""
+        self.wait_ready(self.start_timeout)
+        if version is None:
+            version = self.weight_version + 1
+        if version <= self.weight_version:
+            raise ValueError(
+                f"weight version {version} is not above the pool's {self.weight_version}"
+            )
+        ref = ray.put(state)
+        calls = [(s, s.actor, s.actor.load_state_dict.remote(ref, version)) for s in self._live()]
+        refused: Optional[BaseException] = None
+        for slot, actor, call in calls:
+            try:
+                ray.get(call)
+            except REPLICA_LOST:
+                self._mark_dead(slot, actor)
+            except RayTaskError as e:
+                refused = refused or e.as_instanceof_cause()
+        if refused is not None:
+            # The same state dict fails alike on every replica (one model): none swapped.
+            raise refused
+        self.weights, self.weight_version = ref, version
         self.wait_ready(self.start_timeout)
         if not self._live():
             raise PoolError("every replica of the pool died")

@@ -1,7 +1,8 @@
 """One rollout engine in a Ray actor: :class:`RolloutReplica`.
 
 The actor holds a :class:`treegrpo.Engine` for its whole life and runs the Python
-package's calls on it: ``rollout``, ``generate``, ``load_weights``. It is a *threaded*
+package's calls on it: ``rollout``, ``generate``, ``load_weights``,
+``load_state_dict``. It is a *threaded*
 actor, so several rollout calls (one prompt each, from :class:`RolloutPool`) run at
 once on the one engine and are batched into the same forward passes, while the GIL
 is released inside the engine.
@@ -81,15 +82,24 @@ class RolloutReplica:
         ``version`` (default: the next); returns the version now served."""
         return self.engine.load_weights(path, version)
 
+    def load_state_dict(self, state: Any, version: Optional[int] = None) -> int:
+        """:meth:`treegrpo.Engine.load_state_dict`: serves a state dict's weights as
+        ``version`` (default: the next); returns the version now served."""
+        return self.engine.load_state_dict(state, version)
+
     def weight_version(self) -> int:
         return self.engine.weight_version
 
     def stats(self) -> Dict[str, Any]:
         return self.engine.stats()
 
-    def prepare(self, weights: Optional[str], version: int) -> Dict[str, Any]:
-        """Brings a new replica up to a pool's policy: loads ``weights`` as
-        ``version`` unless it already serves that version; returns :meth:`info`."""
+    def prepare(self, weights: Any, version: int) -> Dict[str, Any]:
+        """Brings a new replica up to a pool's policy: loads ``weights`` (a
+        checkpoint path, or a state dict) as ``version`` unless it already serves
+        that version; returns :meth:`info`."""
         if weights is not None and self.engine.weight_version < version:
-            self.engine.load_weights(weights, version)
+            if isinstance(weights, (str, os.PathLike)):
+                self.engine.load_weights(weights, version)
+            else:
+                self.engine.load_state_dict(weights, version)
         return self.info()
