@@ -254,3 +254,45 @@ def test_grpo_trainer_trains_through_the_engine_for_three_steps(tiny_qwen2, tmp_
     assert engine.weight_version == 4
     model.eval()
     assert_engine_matches(engine, model, tokenizer)
+
+
+def test_a_transformers_llama_with_llama3_rope_scaling_serves_as_hf_computes_it(tiny_qwen2, tmp_path):
+    """Llama 3.1's frequency scaling, written by transformers 5 (`rope_parameters`),
+    with an original context short enough (64) that the tiny head's frequencies fall
+    in all three of its bands: the engine's logprobs are HF's own."""
+    _, tokenizer = tiny_qwen2
+    folder = tmp_path / "tiny-llama3"
+    tokenizer.save_pretrained(folder)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_theta=5e5,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(1)
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 0.1)
+    model.save_pretrained(folder)
+    written = json.loads((folder / "config.json").read_text())
+    scaling = written.get("rope_parameters") or written.get("rope_scaling")
+    assert scaling["rope_type"] == "llama3"
+    engine = treegrpo.Engine(folder, kv_mib=64)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert_engine_matches(engine, model, tokenizer)
