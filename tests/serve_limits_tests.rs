@@ -134,7 +134,7 @@ fn each_bad_input_gets_its_status_while_another_session_finishes() {
         http::post(
             a,
             "/v1/completions",
-            &json!({"prompt": [1], "presence_penalty": 0.5}),
+            &json!({"prompt": [1], "presence_penalty": 3.0}),
         ),
         400,
     );
