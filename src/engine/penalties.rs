@@ -139,11 +139,11 @@ mod tests {
         assert_eq!(
             logits,
             vec![
-                4.0 * 0.5,               // context only: repetition
-                1.0,                     // unseen
-                -1.0 * 2.0 - 0.25 - 0.5, // context and output once, negative
-                3.0 * 0.5 - 0.5 - 0.5,   // output twice: 2 × 0.25 + 0.5
-                -2.0,                    // unseen
+                4.0 * 0.5,             // context only: repetition
+                1.0,                   // unseen
+                -2.0 - 0.25 - 0.5,     // -1 × 2: context and output once, negative
+                3.0 * 0.5 - 0.5 - 0.5, // output twice: 2 × 0.25 + 0.5
+                -2.0,                  // unseen
             ]
         );
     }
