@@ -93,7 +93,7 @@ pub fn train_error(e: TrainError) -> PyErr {
 
 /// The error's message followed by its causes (an engine failure's message alone,
 /// "forward failed", would hide what failed).
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut message = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

@@ -28,7 +28,8 @@ fn loop_error(e: LoopError) -> PyErr {
         LoopError::Engine(e) => engine_error(e),
         LoopError::Env(e) => env_error(e),
         LoopError::Config(m) => value_error(m),
-        e => PyRuntimeError::new_err(e.to_string()),
+        // The message and its causes (an I/O error names its path, then its cause).
+        e => PyRuntimeError::new_err(crate::errors::error_chain(&e)),
     }
 }
 

@@ -17,7 +17,8 @@ pub enum LoopError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Env(#[from] EnvError),
-    #[error("{0}: {1}")]
+    /// The cause is the `source` (printed once by a chain-printing caller).
+    #[error("{}", .0.display())]
     Io(PathBuf, #[source] std::io::Error),
     /// A run folder that cannot be resumed (its log or loop state is not what this
     /// run wrote).

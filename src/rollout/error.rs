@@ -20,8 +20,10 @@ pub enum RolloutError {
     Config(#[from] super::config::TreeConfigError),
     #[error("advantages: {0}")]
     Advantage(#[from] AdvantageError),
-    #[error("{0}: {1}")]
-    Io(PathBuf, std::io::Error),
+    /// A file of the run's output; the cause is the `source` (printed once by a
+    /// chain-printing caller: `path: cause`).
+    #[error("{}", .0.display())]
+    Io(PathBuf, #[source] std::io::Error),
     #[error("a rollout task failed: {0}")]
     Task(String),
     /// A line of a forest file (`forest.jsonl`) that is not one JSON tree.

@@ -24,7 +24,8 @@ pub enum TrainError {
         line: usize,
         message: String,
     },
-    #[error("{0}: {1}")]
+    /// The cause is the `source` (printed once by a chain-printing caller).
+    #[error("{}", .0.display())]
     Io(PathBuf, #[source] std::io::Error),
     /// Trainer weights are served dense; a quantised format was asked for.
     #[error("trainer weights are served dense (f32, bf16 or f16), not {0:?}")]
