@@ -403,4 +403,13 @@ fn rollout_refuses_keep_zero_and_a_negative_temperature_up_front() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(stderr.contains(&want), "{flags:?}: {stderr}");
     }
+    // The bench reads the same flag by the same rule, before loading anything.
+    let out = treegrpo()
+        .args(["bench", "--prompts", "1", "--temperature=-1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = treegrpo::engine::SamplingError::Temperature(-1.0).to_string();
+    assert!(stderr.contains(&want), "bench: {stderr}");
 }

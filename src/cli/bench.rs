@@ -87,6 +87,7 @@ impl ServedWeights {
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
+    let sampling = Sampling::new(a.step.temperature, None, None, None)?;
     let model_path =
         treegrpo::model::fetch::model_path_or_default(a.source.model.as_deref(), &mut |m| {
             eprintln!("{m}")
@@ -97,7 +98,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     let settings = BenchSettings {
         prompts: samples.len(),
         seed: a.step.seed,
-        sampling: Sampling::from_temperature(Some(a.step.temperature)),
+        sampling,
         max_step_tokens: a.step.max_step_tokens,
         kv_budget_bytes: super::flags::kv_budget_bytes(a.kv_mib),
         max_concurrent_prompts: a.concurrent_prompts,

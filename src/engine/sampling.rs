@@ -82,19 +82,6 @@ impl Sampling {
         }
     }
 
-    /// Greedy for no or non-positive temperature, else plain sampling.
-    pub fn from_temperature(t: Option<f32>) -> Self {
-        match t {
-            Some(t) if t > 0.0 => Sampling::Random {
-                temperature: t,
-                top_k: None,
-                top_p: None,
-                min_p: None,
-            },
-            _ => Sampling::Greedy,
-        }
-    }
-
     /// Whether [`Sampling::new`] could have made this value (a hand-built
     /// `Sampling::Random` with a negative temperature could not).
     pub fn validate(&self) -> Result<(), SamplingError> {
