@@ -3,7 +3,7 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyString};
-use treegrpo::engine::{GenParams, Penalties, Sampling, StopReason, TokenLogprob};
+use treegrpo::engine::{GenParams, Penalties, SampledToken, Sampling, StopReason};
 use treegrpo::model::TokenId;
 
 use treegrpo::engine::sampling::MAX_TOP_LOGPROBS;
@@ -228,7 +228,7 @@ pub fn stop_reason_name(stop: StopReason) -> &'static str {
 }
 
 /// Each token's alternatives as `[(token_id, logprob), ...]` lists.
-pub fn alternatives(top: &[Vec<TokenLogprob>]) -> Vec<Vec<(TokenId, f32)>> {
+pub fn alternatives(top: &[Vec<SampledToken>]) -> Vec<Vec<(TokenId, f32)>> {
     top.iter()
         .map(|alts| alts.iter().map(|a| (a.token, a.logprob)).collect())
         .collect()

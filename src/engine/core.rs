@@ -27,7 +27,7 @@ use super::counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
 use super::error::EngineError;
 use super::penalties::TokenHistory;
 use super::rng::SeqRng;
-use super::sampling::{SampledToken, TokenLogprob};
+use super::sampling::SampledToken;
 use super::step_log::StepLog;
 use super::stop::{GenParams, StopReason};
 
@@ -42,7 +42,7 @@ pub struct Generation {
     pub weight_version: super::WeightVersion,
     /// Per token, the `top_logprobs` most likely alternatives (empty lists when none
     /// were asked for).
-    pub top_logprobs: Vec<Vec<TokenLogprob>>,
+    pub top_logprobs: Vec<Vec<SampledToken>>,
     /// Times its sequence was preempted (KV dropped, recomputed) while it generated
     /// (verl's `num_preempted`).
     pub preemptions: u32,
@@ -55,7 +55,7 @@ pub(super) struct GenState {
     pub(super) tokens: Vec<TokenId>,
     pub(super) logprobs: Vec<f32>,
     /// Alternatives of each kept token, when asked for.
-    pub(super) top_logprobs: Vec<Vec<TokenLogprob>>,
+    pub(super) top_logprobs: Vec<Vec<SampledToken>>,
     /// What the penalties look at; `None` when there are none.
     pub(super) history: Option<TokenHistory>,
     /// Preemptions of the sequence during this generation.
@@ -341,17 +341,19 @@ impl EngineCore {
             return Err(EngineError::EmptySequence(seq));
         }
         let rng = SeqRng::from_parts(&params.seed);
+        // What penalties look at: every token of the sequence, cached or still to feed.
         let history = if params.penalties.is_neutral() {
             None
         } else {
-            // The context: every token of the sequence, cached or still to feed.
-            let cached = self.kv.tokens(seq)?;
-            let s = self.state(seq)?;
+            let pending = s.pending.clone();
             Some(TokenHistory::new(
-                cached.into_iter().chain(s.pending.iter().copied()),
+                self.kv.tokens(seq)?.into_iter().chain(pending),
             ))
         };
-        let s = self.state(seq)?;
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(EngineError::UnknownSequence(seq))?;
         s.runnable = true;
         s.generating = Some(GenState {
             params,

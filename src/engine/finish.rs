@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use super::core::{EngineCore, GenState, Generation};
 use super::error::EngineError;
 use super::rng::SeqRng;
-use super::sampling::{draw, DrawOptions, SampledToken, TokenLogprob};
+use super::sampling::{draw, DrawOptions, SampledToken};
 use super::stop::{check_sampled, StopReason};
 use crate::kv::SeqId;
 use crate::model::team;
@@ -40,7 +40,7 @@ impl EngineCore {
                 }
             }
         }
-        type Drawn = Option<(SampledToken, Vec<TokenLogprob>)>;
+        type Drawn = Option<(SampledToken, Vec<SampledToken>)>;
         let drawn: Vec<Mutex<Drawn>> = draws.iter().map(|_| Mutex::new(None)).collect();
         let draw_one = |k: usize| {
             let (i, g, rng) = &draws[k];
@@ -59,7 +59,7 @@ impl EngineCore {
             (0..draws.len()).for_each(draw_one);
         }
         // Owned results (the draws borrow the sequences, which applying them changes).
-        let results: Vec<(usize, SeqRng, SampledToken, Vec<TokenLogprob>)> = draws
+        let results: Vec<(usize, SeqRng, SampledToken, Vec<SampledToken>)> = draws
             .into_iter()
             .zip(drawn)
             .map(|((i, _, rng), token)| {
@@ -91,7 +91,7 @@ impl EngineCore {
         &mut self,
         seq: SeqId,
         drawn: SampledToken,
-        top: Vec<TokenLogprob>,
+        top: Vec<SampledToken>,
         rng: SeqRng,
     ) -> Result<(), EngineError> {
         let max_pos = self.model.model.config().max_position_embeddings;

@@ -133,13 +133,6 @@ impl Sampling {
     }
 }
 
-/// A token and its logprob, one of the `top_logprobs` alternatives of a position.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct TokenLogprob {
-    pub token: TokenId,
-    pub logprob: f32,
-}
-
 /// How one sequence's next token is drawn beyond its [`Sampling`]: penalties over
 /// what it has seen, and how many alternatives to report.
 #[derive(Debug, Clone, Copy)]
@@ -166,7 +159,7 @@ pub fn draw(
     sampling: &Sampling,
     options: DrawOptions<'_>,
     rng: &mut SeqRng,
-) -> (SampledToken, Vec<TokenLogprob>) {
+) -> (SampledToken, Vec<SampledToken>) {
     let sampled = match options.history {
         Some(history) if !options.penalties.is_neutral() => {
             let mut shaped = logits.to_vec();
@@ -186,7 +179,7 @@ pub fn draw(
 
 /// The `n` most likely tokens under the distribution logprobs are reported under,
 /// most likely first (ties: the lower id).
-pub fn top_logprobs(logits: &[f32], sampling: &Sampling, n: usize) -> Vec<TokenLogprob> {
+pub fn top_logprobs(logits: &[f32], sampling: &Sampling, n: usize) -> Vec<SampledToken> {
     let n = n.min(logits.len());
     if n == 0 {
         return Vec::new();
@@ -200,14 +193,15 @@ pub fn top_logprobs(logits: &[f32], sampling: &Sampling, n: usize) -> Vec<TokenL
     }
     idx.sort_unstable_by(by_logit);
     idx.into_iter()
-        .map(|i| TokenLogprob {
+        .map(|i| SampledToken {
             token: i as TokenId,
             logprob: (logits[i] as f64 * inv_t - lse) as f32,
         })
         .collect()
 }
 
-/// A sampled token and its logprob (see the module docs for which distribution).
+/// A token and its logprob (see the module docs for which distribution): the one
+/// sampled, or one of a position's `top_logprobs` alternatives.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampledToken {
     pub token: TokenId,

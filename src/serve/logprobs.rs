@@ -6,7 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::engine::TokenLogprob;
+use crate::engine::SampledToken;
 use crate::model::TokenId;
 
 use super::error::ServeError;
@@ -35,7 +35,7 @@ impl TokenSpelling {
 pub struct LoggedTokens<'a> {
     pub tokens: &'a [TokenId],
     pub logprobs: &'a [f32],
-    pub alternatives: &'a [Vec<TokenLogprob>],
+    pub alternatives: &'a [Vec<SampledToken>],
 }
 
 /// Completions' `logprobs`: token strings, their logprobs, the alternatives as one
