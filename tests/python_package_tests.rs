@@ -11,23 +11,12 @@ use std::process::Command;
 
 /// The python to run the suite with, if one has the package and pytest.
 fn python_with_package() -> Option<String> {
-    let python = std::env::var("TREEGRPO_PYTHON_PACKAGE").unwrap_or_else(|_| "python3".into());
-    let found = Command::new(&python)
-        .args(["-c", "import treegrpo, pytest"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if found {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("TREEGRPO_REQUIRE_PYTHON_PACKAGE").is_err(),
-        "{python} cannot import treegrpo and pytest (TREEGRPO_REQUIRE_PYTHON_PACKAGE is set)"
-    );
-    eprintln!(
-        "skipped: {python} cannot import treegrpo and pytest \
-         (pip install ./python pytest, then set TREEGRPO_PYTHON_PACKAGE)"
-    );
-    None
+    common::python::python_with(common::python::PythonNeeds {
+        python_var: "TREEGRPO_PYTHON_PACKAGE",
+        require_var: "TREEGRPO_REQUIRE_PYTHON_PACKAGE",
+        modules: "treegrpo, pytest",
+        how: "pip install ./python pytest, then set TREEGRPO_PYTHON_PACKAGE",
+    })
 }
 
 #[test]

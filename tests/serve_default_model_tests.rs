@@ -181,20 +181,12 @@ fn completions_equal_generate_raw_chat_says_paris_and_forks_reuse_their_prefix()
 
 /// The python to run the client check with, if one with `openai` is there.
 fn python_with_openai() -> Option<String> {
-    let python = std::env::var("TREEGRPO_PYTHON").unwrap_or_else(|_| "python3".into());
-    let found = Command::new(&python)
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if found {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("TREEGRPO_REQUIRE_PYTHON").is_err(),
-        "{python} has no `openai` package (TREEGRPO_REQUIRE_PYTHON is set)"
-    );
-    eprintln!("skipped: {python} has no `openai` package (pip install openai)");
-    None
+    common::python::python_with(common::python::PythonNeeds {
+        python_var: "TREEGRPO_PYTHON",
+        require_var: "TREEGRPO_REQUIRE_PYTHON",
+        modules: "openai",
+        how: "pip install openai, then set TREEGRPO_PYTHON",
+    })
 }
 
 #[test]

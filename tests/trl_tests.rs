@@ -14,27 +14,12 @@ use std::process::Command;
 /// The python to run the TRL tests with, if one has the package, pytest, torch and
 /// trl.
 fn trl_python() -> Option<String> {
-    let python = std::env::var("TREEGRPO_TRL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let found = Command::new(&python)
-        .args([
-            "-c",
-            "import treegrpo, pytest, torch, transformers, trl, datasets",
-        ])
-        .status()
-        .is_ok_and(|s| s.success());
-    if found {
-        return Some(python);
-    }
-    assert!(
-        std::env::var("TREEGRPO_REQUIRE_TRL").is_err(),
-        "{python} cannot import treegrpo, pytest, torch, transformers, trl and datasets \
-         (TREEGRPO_REQUIRE_TRL is set)"
-    );
-    eprintln!(
-        "skipped: {python} cannot import treegrpo, pytest, torch, transformers, trl and \
-         datasets (make a venv with them and the package, then set TREEGRPO_TRL_PYTHON)"
-    );
-    None
+    common::python::python_with(common::python::PythonNeeds {
+        python_var: "TREEGRPO_TRL_PYTHON",
+        require_var: "TREEGRPO_REQUIRE_TRL",
+        modules: "treegrpo, pytest, torch, transformers, trl, datasets",
+        how: "make a venv with them and the package, then set TREEGRPO_TRL_PYTHON",
+    })
 }
 
 #[test]

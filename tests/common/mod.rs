@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod http;
 pub mod oracle;
+pub mod python;
 pub mod rng;
 pub mod server;
 pub mod tiny;
