@@ -7,7 +7,7 @@
 //! a block, one KV head's rows are contiguous, so attention, which reads one KV head
 //! of every position at a time, streams a block's 4 KiB of that head instead of a
 //! 256-byte piece of every 768-byte row (on the default model that read pattern ran
-//! at a third of the speed; `examples/attention_speed`). With one KV head the layout
+//! at a third of the speed; `examples/speed/attention_speed.rs`). With one KV head the layout
 //! is plain rows of `kv_dim`. The number of blocks
 //! follows from a byte budget ([`KvConfig`]): one block costs
 //! `2 * num_layers * block_size * kv_dim * format.bytes()` bytes, and nothing is
