@@ -30,7 +30,7 @@ const STATE_DICT: &str = "<state dict>";
 pub struct PyEngine {
     pub(crate) engine: Engine,
     /// Where the model came from (the default model's cached file when none was named).
-    model_path: PathBuf,
+    pub(crate) model_path: PathBuf,
     /// The seed of calls that name none.
     pub(crate) seed: u64,
 }
@@ -111,7 +111,7 @@ impl PyEngine {
         max_tokens: usize,
         temperature: f64,
         top_p: Option<f64>,
-        top_k: Option<usize>,
+        top_k: Option<i64>,
         stop: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
         min_p: Option<f64>,

@@ -10,11 +10,10 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString};
 use treegrpo::advantage::AdvantageMode;
-use treegrpo::engine::Sampling;
 use treegrpo::env::{EnvConfig, Environment, QaSample, Split, Task, TaskData};
 use treegrpo::rollout::{
     run_rollout, Interrupt, Progress, RolloutRequest, RunHooks, RunOptions, Selection, TreeConfig,
-    TreeShape,
+    TreeOptions,
 };
 
 use crate::convert;
@@ -44,16 +43,19 @@ pub(crate) fn tree_config(
     max_step_tokens: usize,
     temperature: f64,
 ) -> PyResult<TreeConfig> {
-    let sampling = Sampling::new(temperature as f32, None, None, None)
-        .map_err(|e| value_error(e.to_string()))?;
-    let shape = TreeShape {
+    TreeOptions {
+        trees,
+        expand,
+        rounds,
         keep,
-        ..TreeShape::tree(trees, expand, rounds, parse::<Selection>("select", select)?)
-    };
-    let mut config = TreeConfig::chains_or_tree(chains, shape, sampling, seed);
-    config.max_step_tokens = max_step_tokens;
-    config.validate().map_err(|e| value_error(e.to_string()))?;
-    Ok(config)
+        chains,
+        selection: parse::<Selection>("select", select)?,
+        temperature: temperature as f32,
+        max_step_tokens,
+        seed,
+    }
+    .config()
+    .map_err(|e| value_error(e.to_string()))
 }
 
 /// A set of samples a call names: `Given` as Python passed it (a list of sample

@@ -6,7 +6,6 @@ use pyo3::types::{PyDict, PyList, PyString};
 use treegrpo::engine::{GenParams, Penalties, SampledToken, Sampling, StopReason};
 use treegrpo::model::TokenId;
 
-use treegrpo::engine::sampling::MAX_TOP_LOGPROBS;
 use treegrpo::engine::SamplingError;
 
 use crate::errors::value_error;
@@ -17,7 +16,8 @@ pub struct SamplingArgs {
     pub max_tokens: usize,
     pub temperature: f64,
     pub top_p: Option<f64>,
-    pub top_k: Option<usize>,
+    /// vLLM's spelling: -1 or 0 is off.
+    pub top_k: Option<i64>,
     pub stop: Vec<String>,
     pub seed: Option<u64>,
     pub extensions: Extensions,
@@ -52,7 +52,7 @@ impl SamplingArgs {
         max_tokens: usize,
         temperature: f64,
         top_p: Option<f64>,
-        top_k: Option<usize>,
+        top_k: Option<i64>,
         stop: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
     ) -> PyResult<Self> {
@@ -78,12 +78,6 @@ impl SamplingArgs {
     /// (`seed` defaulting to the engine's), so each prompt of a call samples on its
     /// own stream, independent of the rest of the batch.
     pub fn params(&self, default_seed: u64, index: u64, eos: &[TokenId]) -> PyResult<GenParams> {
-        if self.max_tokens == 0 {
-            return Err(value_error("max_tokens must be at least 1"));
-        }
-        if self.top_k == Some(0) {
-            return Err(value_error("top_k must be at least 1"));
-        }
         if self.stop.iter().any(String::is_empty) {
             return Err(value_error("stop strings must not be empty"));
         }
@@ -102,12 +96,7 @@ impl SamplingArgs {
             x.frequency_penalty as f32,
         )
         .map_err(|e| value_error(e.to_string()))?;
-        if x.logprobs > MAX_TOP_LOGPROBS {
-            return Err(value_error(
-                SamplingError::TopLogprobs(x.logprobs).to_string(),
-            ));
-        }
-        Ok(GenParams {
+        let params = GenParams {
             sampling,
             max_new_tokens: self.max_tokens,
             stop_tokens: eos.to_vec(),
@@ -115,7 +104,13 @@ impl SamplingArgs {
             seed: vec![self.seed.unwrap_or(default_seed), index],
             penalties,
             top_logprobs: x.logprobs,
-        })
+        };
+        // The library's rule for what the constructors above do not see (at least
+        // one token, at most 20 alternatives): the server's words exactly.
+        params
+            .validate()
+            .map_err(|e: SamplingError| value_error(e.to_string()))?;
+        Ok(params)
     }
 
     /// Reads verl's `sampling_params` dict. Keys this engine cannot honour are a
@@ -142,24 +137,17 @@ impl SamplingArgs {
                     args.max_tokens = value.extract().map_err(bad)?
                 }
                 "temperature" => args.temperature = value.extract().map_err(bad)?,
-                // verl and vLLM spell "no truncation" as top_p 1 and top_k -1 (or 0).
-                "top_p" => {
-                    let p: f64 = value.extract().map_err(bad)?;
-                    args.top_p = (p < 1.0).then_some(p);
-                }
-                "top_k" => {
-                    let k: i64 = value.extract().map_err(bad)?;
-                    args.top_k = (k > 0).then_some(k as usize);
-                }
+                // verl and vLLM spell "no truncation" as top_p 1 and top_k -1 (or 0):
+                // the engine's constructor reads those spellings itself and refuses
+                // anything out of range (nothing is coerced here).
+                "top_p" => args.top_p = Some(value.extract().map_err(bad)?),
+                "top_k" => args.top_k = Some(value.extract().map_err(bad)?),
                 "stop" => args.stop = stop_strings(&value).map_err(bad)?,
                 "seed" => args.seed = value.extract().map_err(bad)?,
                 // Logprobs of the sampled tokens are always returned (verl sends
                 // `logprobs` to ask for them).
                 "logprobs" => {}
-                "min_p" => {
-                    let m: f64 = value.extract().map_err(bad)?;
-                    args.extensions.min_p = (m > 0.0).then_some(m);
-                }
+                "min_p" => args.extensions.min_p = Some(value.extract().map_err(bad)?),
                 "repetition_penalty" => {
                     args.extensions.repetition_penalty = value.extract().map_err(bad)?
                 }

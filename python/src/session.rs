@@ -59,7 +59,7 @@ impl Session {
         max_tokens: usize,
         temperature: f64,
         top_p: Option<f64>,
-        top_k: Option<usize>,
+        top_k: Option<i64>,
         stop: Option<&Bound<'_, PyAny>>,
         seed: Option<u64>,
         min_p: Option<f64>,

@@ -6,9 +6,8 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use treegrpo::engine::Sampling;
 use treegrpo::env::{Task, TaskData};
-use treegrpo::rollout::{Selection, TreeConfig, TreeConfigError, TreeShape};
+use treegrpo::rollout::{Selection, TreeConfig, TreeConfigError, TreeOptions};
 use treegrpo::train::{LossAgg, LossConfig, OptimizerConfig, OptimizerKind, UpdateConfig};
 
 #[derive(Debug, Clone, Args)]
@@ -103,32 +102,25 @@ pub struct StepFlags {
 }
 
 impl TreeFlags {
-    /// The search these flags describe (prefixes reused).
+    /// The search these flags describe (prefixes reused), by the library's rule.
     pub fn tree_config(&self) -> Result<TreeConfig, TreeConfigError> {
-        let sampling = Sampling::new(self.step.temperature, None, None, None)?;
-        let tree = TreeShape {
+        TreeOptions {
             trees: self.trees,
             expand: self.expand,
             rounds: self.rounds,
             keep: self.keep,
+            chains: self.chains,
             selection: self.select,
-        };
-        let mut cfg = TreeConfig::chains_or_tree(self.chains, tree, sampling, self.step.seed);
-        cfg.max_step_tokens = self.step.max_step_tokens;
-        cfg.validate()?;
-        Ok(cfg)
+            temperature: self.step.temperature,
+            max_step_tokens: self.step.max_step_tokens,
+            seed: self.step.seed,
+        }
+        .config()
     }
 
-    pub fn check(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.chains.unwrap_or(self.trees) > 0,
-            "--trees / --chains must be at least 1"
-        );
-        anyhow::ensure!(
-            self.step.max_step_tokens > 0,
-            "--max-step-tokens must be at least 1"
-        );
-        Ok(())
+    /// Checks the flags before anything is loaded (the same rule as [`Self::tree_config`]).
+    pub fn check(&self) -> Result<(), TreeConfigError> {
+        self.tree_config().map(|_| ())
     }
 }
 
@@ -229,9 +221,9 @@ pub struct SamplingFlags {
     /// Sampling temperature (0 or absent: greedy).
     #[arg(long)]
     temperature: Option<f32>,
-    /// Keep the k most likely tokens (0: off).
-    #[arg(long)]
-    top_k: Option<usize>,
+    /// Keep the k most likely tokens (-1 or 0: off, as vLLM).
+    #[arg(long, allow_negative_numbers = true)]
+    top_k: Option<i64>,
     /// Keep the most likely tokens holding this much probability (1: off).
     #[arg(long)]
     top_p: Option<f32>,

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use treegrpo::engine::{generate, GenerateRequest};
+use treegrpo::engine::{generate, GenParams, GenerateRequest};
 use treegrpo::model::ChatMessage;
 
 #[derive(Debug, Args)]
@@ -31,6 +31,15 @@ pub struct GenerateArgs {
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
+    // The options first, by the rule every way in shares (before the model loads).
+    let sampling = a.sampling.sampling()?;
+    let penalties = a.sampling.penalties()?;
+    GenParams {
+        sampling,
+        penalties,
+        ..GenParams::greedy(a.max_tokens)
+    }
+    .validate()?;
     let m = a.precision.apply(super::load_model(a.model.as_deref())?)?;
     let prompt = if a.raw {
         m.tokenizer.encode_prompt(&a.prompt)?
@@ -40,11 +49,11 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_new_tokens: a.max_tokens,
-        sampling: a.sampling.sampling()?,
+        sampling,
         seed: a.seed,
         stop_tokens: m.tokenizer.eos_ids().to_vec(),
         prefill_chunk: 512,
-        penalties: a.sampling.penalties()?,
+        penalties,
     };
     let t0 = Instant::now();
     let out = generate(&m.model, &req)?;

@@ -101,7 +101,6 @@ pub async fn execute(
 }
 
 pub fn run(a: RolloutArgs) -> anyhow::Result<()> {
-    a.tree.check()?;
     let cfg = a.tree_config()?;
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
     let model = Arc::new(

@@ -25,6 +25,8 @@ pub enum SamplingError {
     Temperature(f32),
     #[error("top_p {0} is outside (0, 1]")]
     TopP(f32),
+    #[error("top_k {0} is not a top-k (-1 or 0 = off, or at least 1)")]
+    TopK(i64),
     #[error("min_p {0} is outside [0, 1]")]
     MinP(f32),
     #[error("repetition_penalty {0} must be above 0 (1 = off)")]
@@ -35,6 +37,8 @@ pub enum SamplingError {
     FrequencyPenalty(f32),
     #[error("top_logprobs {0} is above the most alternatives served ({MAX_TOP_LOGPROBS})")]
     TopLogprobs(usize),
+    #[error("max_tokens must be at least 1")]
+    NoTokens,
 }
 
 impl SamplingError {
@@ -43,11 +47,13 @@ impl SamplingError {
         match self {
             SamplingError::Temperature(_) => "temperature",
             SamplingError::TopP(_) => "top_p",
+            SamplingError::TopK(_) => "top_k",
             SamplingError::MinP(_) => "min_p",
             SamplingError::RepetitionPenalty(_) => "repetition_penalty",
             SamplingError::PresencePenalty(_) => "presence_penalty",
             SamplingError::FrequencyPenalty(_) => "frequency_penalty",
             SamplingError::TopLogprobs(_) => "top_logprobs",
+            SamplingError::NoTokens => "max_tokens",
         }
     }
 }
@@ -96,24 +102,31 @@ impl Sampling {
                 if temperature == 0.0 {
                     return Err(SamplingError::Temperature(temperature));
                 }
+                let top_k = top_k.map(|k| i64::try_from(k).unwrap_or(i64::MAX));
                 Sampling::new(temperature, top_k, top_p, min_p).map(|_| ())
             }
         }
     }
 
-    /// The checked constructor: temperature 0 is greedy (the truncations do not
-    /// change an argmax), above 0 samples; a negative or non-finite temperature, a
-    /// `top_p` outside (0, 1] or a `min_p` outside [0, 1] is an error. `top_k` 0,
-    /// `top_p` 1 and `min_p` 0 mean off.
+    /// The checked constructor, the one rule every way in (CLI, server, Python, Ray)
+    /// reads sampling options through, in vLLM's conventions: temperature 0 is greedy
+    /// (the truncations do not change an argmax), above 0 samples; `top_k` -1 or 0,
+    /// `top_p` 1 and `min_p` 0 mean off. A negative or non-finite temperature, a
+    /// `top_k` below -1, a `top_p` outside (0, 1] or a `min_p` outside [0, 1] is an
+    /// error, never coerced.
     pub fn new(
         temperature: f32,
-        top_k: Option<usize>,
+        top_k: Option<i64>,
         top_p: Option<f32>,
         min_p: Option<f32>,
     ) -> Result<Self, SamplingError> {
         if !(temperature.is_finite() && temperature >= 0.0) {
             return Err(SamplingError::Temperature(temperature));
         }
+        let top_k = match top_k {
+            None | Some(-1) | Some(0) => None,
+            Some(k) => Some(usize::try_from(k).map_err(|_| SamplingError::TopK(k))?),
+        };
         if let Some(p) = top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
             return Err(SamplingError::TopP(p));
         }
@@ -125,7 +138,7 @@ impl Sampling {
         } else {
             Sampling::Random {
                 temperature,
-                top_k: top_k.filter(|&k| k > 0),
+                top_k,
                 top_p: top_p.filter(|&p| p < 1.0),
                 min_p: min_p.filter(|&m| m > 0.0),
             }

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::{ModelError, TokenId};
 
 use super::penalties::Penalties;
-use super::sampling::Sampling;
+use super::sampling::{Sampling, SamplingError, MAX_TOP_LOGPROBS};
 
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +40,22 @@ pub struct GenParams {
 }
 
 impl GenParams {
+    /// Checks what a caller asked for by the rule every way in shares: a sampling
+    /// [`Sampling::new`] could have made, at least one token, at most
+    /// [`MAX_TOP_LOGPROBS`] alternatives. The server, the Python binding and the CLI
+    /// call it on the params they built, so one value gets one answer everywhere.
+    pub fn validate(&self) -> Result<(), SamplingError> {
+        self.sampling.validate()?;
+        if self.max_new_tokens == 0 {
+            return Err(SamplingError::NoTokens);
+        }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(SamplingError::TopLogprobs(self.top_logprobs));
+        }
+        Ok(())
+    }
+
+    /// Greedy generation of at most `max_new_tokens`, no stop condition.
     pub fn greedy(max_new_tokens: usize) -> Self {
         GenParams {
             sampling: Sampling::Greedy,

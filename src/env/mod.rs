@@ -44,5 +44,5 @@ pub use reward::{RewardConfig, RewardLevels, RewardMetric};
 pub use sample::{load_samples, parse_samples, QaSample};
 pub use search_qa::{Bm25Retriever, SearchQaEnv, SearchTool, DEFAULT_TOP_K};
 pub use tags::Tags;
-pub use task::{Split, Task, TaskData};
+pub use task::{Split, Task, TaskData, UnknownTask};
 pub use tool::{run_tool, Tool, ToolOutcome, ToolStatus};

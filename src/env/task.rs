@@ -11,14 +11,16 @@ use super::calc::CalcEnv;
 use super::corpus::Corpus;
 use super::environment::Environment;
 use super::error::EnvError;
-use super::protocol::EnvConfig;
+use super::config::EnvConfig;
 use super::sample::{parse_samples, QaSample};
 use super::search_qa::SearchQaEnv;
 use super::DEFAULT_TOP_K;
 
-/// A built-in task.
+/// A built-in task. Read from text (a flag, a request field, a Python argument, a
+/// run record) through [`FromStr`](std::str::FromStr) alone, so an unknown name gets
+/// the same [`UnknownTask`] answer whichever way it came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[serde(rename_all = "kebab-case", try_from = "String")]
 pub enum Task {
     /// Multi-hop QA over a local corpus with a BM25 search tool.
     SearchQa,
@@ -26,14 +28,31 @@ pub enum Task {
     Calc,
 }
 
+/// A task name that names no built-in task.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown task '{given}' (search-qa or calc)")]
+pub struct UnknownTask {
+    /// The name as given.
+    pub given: String,
+}
+
 impl std::str::FromStr for Task {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownTask;
+    fn from_str(s: &str) -> Result<Self, UnknownTask> {
         match s {
             "search-qa" => Ok(Task::SearchQa),
             "calc" => Ok(Task::Calc),
-            other => Err(format!("unknown task '{other}' (search-qa or calc)")),
+            other => Err(UnknownTask {
+                given: other.to_owned(),
+            }),
         }
+    }
+}
+
+impl TryFrom<String> for Task {
+    type Error = UnknownTask;
+    fn try_from(s: String) -> Result<Self, UnknownTask> {
+        s.parse()
     }
 }
 

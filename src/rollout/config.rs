@@ -77,6 +77,60 @@ impl TreeShape {
     }
 }
 
+/// A search as every way in spells it, before it is checked: the CLI's flags, the
+/// server's `/v1/rollouts` body and Python's keyword arguments fill this and call
+/// [`TreeOptions::config`], so one value gets one answer, in the same words,
+/// whichever way it came in. `chains`, when set, asks for G independent chains
+/// instead of trees (the GRPO baseline).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeOptions {
+    pub trees: usize,
+    pub expand: usize,
+    pub rounds: usize,
+    pub keep: Option<usize>,
+    pub chains: Option<usize>,
+    pub selection: Selection,
+    pub temperature: f32,
+    pub max_step_tokens: usize,
+    pub seed: u64,
+}
+
+impl Default for TreeOptions {
+    /// The reference scripts' (2, 2, 1) trees at temperature 1, 256-token steps.
+    fn default() -> Self {
+        TreeOptions {
+            trees: 2,
+            expand: 2,
+            rounds: 1,
+            keep: None,
+            chains: None,
+            selection: Selection::Paper,
+            temperature: 1.0,
+            max_step_tokens: 256,
+            seed: 0,
+        }
+    }
+}
+
+impl TreeOptions {
+    /// The checked search: a sampling [`Sampling::new`] accepts, then
+    /// [`TreeConfig::validate`]. Nothing is coerced.
+    pub fn config(&self) -> Result<TreeConfig, TreeConfigError> {
+        let sampling = Sampling::new(self.temperature, None, None, None)?;
+        let shape = TreeShape {
+            trees: self.trees,
+            expand: self.expand,
+            rounds: self.rounds,
+            keep: self.keep,
+            selection: self.selection,
+        };
+        let mut config = TreeConfig::chains_or_tree(self.chains, shape, sampling, self.seed);
+        config.max_step_tokens = self.max_step_tokens;
+        config.validate()?;
+        Ok(config)
+    }
+}
+
 /// Shape of the search and how to sample. Serialised flat (the shape's fields beside
 /// the sampling ones), as `summary.json` has always had it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -30,7 +30,7 @@ pub mod sampler;
 pub mod select;
 pub mod trajectory;
 
-pub use config::{TreeConfig, TreeConfigError, TreeShape};
+pub use config::{TreeConfig, TreeConfigError, TreeOptions, TreeShape};
 pub use demo::{demonstrate, demonstrations};
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;

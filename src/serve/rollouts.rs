@@ -12,10 +12,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::advantage::AdvantageMode;
-use crate::engine::Sampling;
 use crate::env::{EnvConfig, Split, Task, TaskData};
 use crate::rollout::{
-    run_rollout, RolloutRequest, RunHooks, RunOptions, Selection, TreeConfig, TreeShape,
+    run_rollout, RolloutRequest, RunHooks, RunOptions, Selection, TreeConfig, TreeOptions,
 };
 
 use super::body::ApiJson;
@@ -80,22 +79,21 @@ fn step_tokens() -> usize {
 }
 
 impl RolloutBody {
-    /// The search asked for, checked by the library's own rule (`TreeConfig::validate`).
+    /// The search asked for, checked by the library's own rule (`TreeOptions::config`).
     fn config(&self) -> Result<TreeConfig, ServeError> {
-        let sampling = Sampling::new(self.temperature, None, None, None)
-            .map_err(super::sampling::sampling_error)?;
-        let tree = TreeShape {
+        TreeOptions {
             trees: self.trees,
             expand: self.expand,
             rounds: self.rounds,
             keep: self.keep,
+            chains: self.chains,
             selection: self.select.unwrap_or(Selection::Paper),
-        };
-        let mut cfg = TreeConfig::chains_or_tree(self.chains, tree, sampling, self.seed);
-        cfg.max_step_tokens = self.max_step_tokens;
-        cfg.validate()
-            .map_err(|e| ServeError::invalid(e.field(), e.to_string()))?;
-        Ok(cfg)
+            temperature: self.temperature,
+            max_step_tokens: self.max_step_tokens,
+            seed: self.seed,
+        }
+        .config()
+        .map_err(|e| ServeError::invalid(e.field(), e.to_string()))
     }
 }
 

@@ -64,7 +64,15 @@ impl SamplingFields {
                 })
             }
             Some(n) => n,
-            None => max.saturating_sub(prompt_len),
+            // No room for one token: the same 400 as asking for one too many.
+            None if prompt_len >= max => {
+                return Err(ServeError::ContextLength {
+                    prompt: prompt_len,
+                    requested: 1,
+                    max,
+                })
+            }
+            None => max - prompt_len,
         };
         let mut stop_tokens: Vec<TokenId> = if self.ignore_eos {
             Vec::new()
@@ -87,7 +95,7 @@ impl SamplingFields {
                 "stop strings must not be empty",
             ));
         }
-        Ok(GenParams {
+        let params = GenParams {
             sampling: self.sampling()?,
             max_new_tokens,
             stop_tokens,
@@ -95,7 +103,9 @@ impl SamplingFields {
             seed: vec![seed, choice as u64],
             penalties: self.penalties()?,
             top_logprobs: self.top_logprobs,
-        })
+        };
+        params.validate().map_err(sampling_error)?;
+        Ok(params)
     }
 
     fn penalties(&self) -> Result<Penalties, ServeError> {
@@ -108,19 +118,9 @@ impl SamplingFields {
     }
 
     fn sampling(&self) -> Result<Sampling, ServeError> {
-        let top_k = match self.top_k {
-            None | Some(0) | Some(-1) => None,
-            Some(k) if k > 0 => Some(k as usize),
-            Some(k) => {
-                return Err(ServeError::invalid(
-                    "top_k",
-                    format!("{k} is not a top-k (-1 or 0 = off, or at least 1)"),
-                ))
-            }
-        };
         Sampling::new(
             self.temperature.unwrap_or(1.0),
-            top_k,
+            self.top_k,
             self.top_p,
             self.min_p,
         )
