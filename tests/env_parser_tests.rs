@@ -1,8 +1,9 @@
 //! Action parser and step-format tests, plus a seeded fuzz loop.
 
-use treegrpo::env::action::{parse_action, Action, ActionKind, InvalidReason};
+use treegrpo::env::action::{parse_action, Action, InvalidReason};
 use treegrpo::env::format::{check_step_format, FormatIssue};
 use treegrpo::env::tags::Tags;
+use treegrpo::env::ActionKind;
 
 fn s(x: &str) -> String {
     x.to_owned()

@@ -10,20 +10,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::env::action_kind::ActionKind;
 use crate::env::tags::Tags;
-
-/// The kinds of action a step can take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ActionKind {
-    Search,
-    Answer,
-    Calc,
-}
-
-impl ActionKind {
-    pub const ALL: [ActionKind; 3] = [ActionKind::Search, ActionKind::Answer, ActionKind::Calc];
-}
 
 /// Why a step is not a valid action. The environment answers every one of
 /// them with the same invalid-action feedback; the reason is kept for logs

@@ -6,16 +6,15 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::env::action::ActionKind;
+use crate::env::action_kind::ActionKind;
 use crate::env::calc_eval::calculate;
+use crate::env::config::EnvConfig;
 use crate::env::environment::{Environment, Score, StepOutcome};
 use crate::env::episode::Episode;
 use crate::env::error::{EnvError, ToolError};
 use crate::env::normalize::numeric_match;
 use crate::env::prompts::initial_messages;
-use crate::env::protocol::{
-    oracle_text, protocol_step, score_episode, stop_strings, EnvConfig, ToolSlot,
-};
+use crate::env::protocol::{oracle_text, protocol_step, score_episode, stop_strings, ToolSlot};
 use crate::env::reward::RewardMetric;
 use crate::env::sample::QaSample;
 use crate::env::tool::Tool;

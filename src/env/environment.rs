@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::env::action::Action;
 use crate::env::episode::Episode;
 use crate::env::error::EnvError;
-use crate::env::protocol::EnvConfig;
+use crate::env::config::EnvConfig;
 use crate::env::reward::RewardMetric;
 use crate::env::sample::QaSample;
 

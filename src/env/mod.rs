@@ -9,10 +9,12 @@
 //! trajectory. Episodes are plain values, cloned to fork a tree.
 
 pub mod action;
+pub mod action_kind;
 pub mod agent_loop;
 pub mod bm25;
 pub mod calc;
 pub mod calc_eval;
+pub mod config;
 pub mod corpus;
 pub mod datagen;
 pub mod environment;
@@ -31,15 +33,16 @@ pub mod tags;
 pub mod task;
 pub mod tool;
 
-pub use action::{parse_action, Action, ActionKind, InvalidReason};
+pub use action::{parse_action, Action, InvalidReason};
+pub use action_kind::ActionKind;
 pub use agent_loop::{run_agent_loop, ModelStep, StepDone, StepModel};
 pub use calc::{CalcEnv, CalcTool};
+pub use config::EnvConfig;
 pub use corpus::{Corpus, Document};
 pub use environment::{Environment, Score, ScoreDetails, StepOutcome};
 pub use episode::{Episode, ExternalState, Segment, SegmentKind, StepRecord};
 pub use error::{EnvError, ToolError};
 pub use ids::{DocId, SampleId};
-pub use protocol::EnvConfig;
 pub use reward::{RewardConfig, RewardLevels, RewardMetric};
 pub use sample::{load_samples, parse_samples, QaSample};
 pub use search_qa::{Bm25Retriever, SearchQaEnv, SearchTool, DEFAULT_TOP_K};

@@ -2,7 +2,7 @@
 //! message, the configured tags and the turn limit. The question goes in the
 //! user message; the integrator renders both with the model's chat template.
 
-use crate::env::action::ActionKind;
+use crate::env::action_kind::ActionKind;
 use crate::env::tags::Tags;
 use crate::model::chat::ChatMessage;
 

@@ -11,11 +11,10 @@
 //! Search-R1's final `do_search=False` rollout, made explicit to the model.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use crate::env::action::{parse_action, Action, ActionKind, InvalidReason};
+use crate::env::action::{parse_action, Action, InvalidReason};
+use crate::env::action_kind::ActionKind;
+use crate::env::config::EnvConfig;
 use crate::env::environment::{Score, ScoreDetails, StepOutcome};
 use crate::env::episode::{Episode, StepRecord};
 use crate::env::error::EnvError;
@@ -23,47 +22,6 @@ use crate::env::format::{check_step_format, FormatIssue};
 use crate::env::reward::{reward_from, RewardConfig, RewardMetric};
 use crate::env::tags::Tags;
 use crate::env::tool::{run_tool, truncate_observation, Tool, ToolStatus};
-
-/// Settings shared by the tool environments.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EnvConfig {
-    pub tags: Tags,
-    /// Tool turns before the forced answer turn (Search-R1's `max_turns`).
-    /// Zero gives a direct-answer baseline: the first step must answer.
-    pub max_turns: usize,
-    /// Wall-clock limit for one tool call.
-    pub tool_timeout: Duration,
-    /// Tool output beyond this many characters is cut.
-    pub max_observation_chars: usize,
-    pub reward: RewardConfig,
-}
-
-impl Default for EnvConfig {
-    fn default() -> Self {
-        Self {
-            tags: Tags::default(),
-            max_turns: 3,
-            tool_timeout: Duration::from_secs(10),
-            max_observation_chars: 8000,
-            reward: RewardConfig::default(),
-        }
-    }
-}
-
-impl EnvConfig {
-    pub fn validate(&self) -> Result<(), EnvError> {
-        self.tags.validate()?;
-        if self.tool_timeout.is_zero() {
-            return Err(EnvError::Config("tool_timeout must be positive".into()));
-        }
-        if self.max_observation_chars == 0 {
-            return Err(EnvError::Config(
-                "max_observation_chars must be positive".into(),
-            ));
-        }
-        Ok(())
-    }
-}
 
 /// The verb the model's own feedback uses for a tool.
 fn verb(kind: ActionKind) -> (&'static str, &'static str) {

@@ -9,8 +9,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::env::action::ActionKind;
+use crate::env::action_kind::ActionKind;
 use crate::env::bm25::{Bm25Index, Bm25Params};
+use crate::env::config::EnvConfig;
 use crate::env::corpus::{format_results, Corpus, Document};
 use crate::env::environment::{Environment, Score, StepOutcome};
 use crate::env::episode::Episode;
@@ -18,9 +19,7 @@ use crate::env::error::{EnvError, ToolError};
 use crate::env::ids::DocId;
 use crate::env::normalize::{exact_match, max_f1};
 use crate::env::prompts::initial_messages;
-use crate::env::protocol::{
-    oracle_text, protocol_step, score_episode, stop_strings, EnvConfig, ToolSlot,
-};
+use crate::env::protocol::{oracle_text, protocol_step, score_episode, stop_strings, ToolSlot};
 use crate::env::sample::QaSample;
 use crate::env::tool::Tool;
 

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::env::action::ActionKind;
+use crate::env::action_kind::ActionKind;
 use crate::env::error::EnvError;
 
 /// Tag names, without the angle brackets.

@@ -5,15 +5,16 @@
 
 use async_trait::async_trait;
 
-use crate::engine::SeqUsage;
+use crate::engine::EngineError;
 use crate::env::{run_agent_loop, Episode, ModelStep, StepDone, StepModel};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
+use super::context::SamplerContext;
+use super::cost::ForestCost;
 use super::episode::EngineSteps;
 use super::error::RolloutError;
 use super::forest::Node;
-use super::sampler::{ForestCost, SamplerContext};
 
 /// What growing one branch came to.
 pub(super) struct BranchOutcome {
@@ -30,14 +31,6 @@ pub(super) struct Grown {
     /// The sequence kept at the node's end (inner nodes only).
     pub(super) snapshot: Option<SeqId>,
     pub(super) episode: Episode,
-}
-
-/// Adds a freed snapshot's usage to a forest's cost. A snapshot only holds a prefix
-/// for later branches: it computes nothing (a fork of it does the computing, even a
-/// recompute after it was preempted), but its preemptions are counted.
-pub(super) fn add_snapshot_usage(cost: &mut ForestCost, usage: &SeqUsage) {
-    debug_assert_eq!(usage.computed(), 0, "a snapshot computed tokens");
-    cost.usage.preemptions += usage.preemptions;
 }
 
 /// Where a branch's sequence starts.
@@ -131,7 +124,7 @@ pub(super) async fn grow_branch(
 ) -> Result<BranchOutcome, RolloutError> {
     let engine = &ctx.engine;
     let mut cost = ForestCost::default();
-    let failed = |cost, e: crate::engine::EngineError| BranchOutcome {
+    let failed = |cost, e: EngineError| BranchOutcome {
         grown: Vec::new(),
         cost,
         failure: Some((0, e.to_string())),
@@ -181,7 +174,7 @@ pub(super) async fn grow_branch(
         Err(e) if ends_branch(&e) => {
             for g in &grown {
                 if let Some(s) = g.snapshot {
-                    add_snapshot_usage(&mut cost, &ctx.free(s).await?);
+                    cost.add_snapshot_usage(&ctx.free(s).await?);
                 }
             }
             Ok(BranchOutcome {

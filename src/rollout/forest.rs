@@ -4,11 +4,15 @@
 //! whole agent step: the model's tokens (thought and action, loss mask 1) and the
 //! observation the environment answered with (prompt tokens, loss mask 0). A node whose
 //! episode ended is a leaf: a finished trajectory with a reward.
+//!
+//! A prompt's [`Forest`] is its trees, the branches that failed, and what it cost.
 
 use serde::{Deserialize, Serialize};
 
 use crate::env::Action;
 use crate::model::TokenId;
+
+use super::cost::ForestCost;
 
 /// One agent step (or the root).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,5 +98,49 @@ impl Tree {
         }
         path.reverse();
         path
+    }
+}
+
+/// A branch that could not be grown because one of its sequences cannot fit the KV
+/// pool or the context window. The steps it had grown reach no leaf, so they are left
+/// out of the tree; the failure is recorded here (and in `summary.json`) instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FailedBranch {
+    /// The tree it grew in; `None` when the prompt itself could not be computed.
+    pub tree: Option<usize>,
+    /// Its branch id within the tree (the seed's branch part).
+    pub branch: u64,
+    /// The node it started from.
+    pub start_node: usize,
+    /// Agent steps it had completed when it failed.
+    pub steps_done: usize,
+    pub error: String,
+}
+
+/// A finished forest: its trees, the branches that failed, and what it cost.
+#[derive(Debug)]
+pub struct Forest {
+    pub trees: Vec<Tree>,
+    pub failed: Vec<FailedBranch>,
+    pub cost: ForestCost,
+    pub wall_seconds: f64,
+}
+
+impl Forest {
+    /// The forest of a prompt that could not start (its environment failed to start
+    /// the episode): no trees, the failure recorded.
+    pub fn failed_prompt(error: String) -> Self {
+        Forest {
+            trees: Vec::new(),
+            failed: vec![FailedBranch {
+                tree: None,
+                branch: 0,
+                start_node: 0,
+                steps_done: 0,
+                error,
+            }],
+            cost: ForestCost::default(),
+            wall_seconds: 0.0,
+        }
     }
 }

@@ -5,20 +5,26 @@
 //!   mask, logprobs, reward).
 //! - [`episode`]: runs one agent episode step by step.
 //! - [`demo`]: an episode played by the environment's oracle (SFT demonstrations).
-//! - [`forest`]: trees of agent steps as plain data.
+//! - [`forest`]: trees of agent steps as plain data, and a prompt's finished forest.
 //! - [`select`]: which nodes grow branches (`paper` / `reference`).
 //! - [`config`]: the search's shape ([`TreeShape`]: M, N, L, K, selection) and
 //!   sampling settings ([`TreeConfig`]); the bench's modes are shapes too.
+//! - [`cost`]: what a prompt's forest cost the engine ([`ForestCost`]).
+//! - `context`: what every task of a run shares (engine, environment, budget, live
+//!   sequences).
 //! - `branch`: one branch of a tree through the shared agent loop.
 //! - [`sampler`]: the tree sampler (M trees, N branches, L rounds, K kept) and the
 //!   chain baseline, with fork-based prefix reuse or reference-style recomputation.
 //! - [`export`]: advantages and per-leaf records from finished trees.
 //! - [`run`]: a whole run over many prompts: progress, ordered output, per-forest
 //!   accounting, token budget, interruption, summary.
+//! - [`summary`]: `summary.json`'s types ([`RunSummary`], per forest, token figures).
 //! - [`output`]: the run's files written as prompts finish, and `forest.jsonl` read back.
 
 mod branch;
 pub mod config;
+mod context;
+pub mod cost;
 pub mod demo;
 pub mod episode;
 pub mod error;
@@ -28,18 +34,20 @@ pub mod output;
 pub mod run;
 pub mod sampler;
 pub mod select;
+pub mod summary;
 pub mod trajectory;
 
 pub use config::{TreeConfig, TreeConfigError, TreeOptions, TreeShape};
+pub use cost::ForestCost;
 pub use demo::{demonstrate, demonstrations};
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;
-pub use forest::{Node, Tree};
+pub use forest::{FailedBranch, Node, Tree};
 pub use output::{parse_forest, read_forest, Output};
 pub use run::{
-    run_rollout, ForestSummary, Interrupt, Progress, ProgressFn, RolloutRequest, RolloutResult,
-    RunHooks, RunOptions, RunSummary, TokenSummary,
+    run_rollout, Interrupt, Progress, ProgressFn, RolloutRequest, RolloutResult, RunHooks,
+    RunOptions,
 };
-pub use sampler::{FailedBranch, ForestCost};
 pub use select::Selection;
+pub use summary::{ForestSummary, RunSummary, TokenSummary};
 pub use trajectory::Trajectory;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use super::error::RolloutError;
 use super::export::TrajectoryRecord;
 use super::forest::Tree;
-use super::run::RunSummary;
+use super::summary::RunSummary;
 
 /// Where and how to write results.
 pub struct Output {

@@ -5,13 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -22,136 +20,19 @@ use crate::kv::SeqId;
 use crate::model::TokenId;
 
 use super::config::TreeConfig;
+use super::context::SamplerContext;
+use super::cost::ForestCost;
 use super::error::RolloutError;
 use super::export::{score_forest, TrajectoryRecord};
-use super::forest::Tree;
+use super::forest::{Forest, Tree};
 use super::output::Output;
-use super::sampler::{
-    sample_prompt_forest, FailedBranch, Forest, ForestCost, PromptStart, SamplerContext,
-};
+use super::sampler::{sample_prompt_forest, PromptStart};
+use super::summary::{ForestSummary, RunSummary, TokenSummary};
 
 /// A new prompt starts only while at least 1/this of the KV pool is free or
 /// evictable (and nothing waits for room): under memory pressure the run finishes
 /// the forests it has before it starts more, instead of preempting more.
 const PROMPT_ROOM_FRACTION: usize = 8;
-
-/// Token figures of a run or of one forest.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct TokenSummary {
-    /// Prompt tokens computed (each prompt once with prefix reuse).
-    pub prompt_prefilled: u64,
-    /// Observation tokens computed.
-    pub observation_prefilled: u64,
-    /// Sampled tokens fed back through the model.
-    pub decoded: u64,
-    /// Tokens needed but not computed (forks and the prefix cache).
-    pub reused: u64,
-    /// Of `reused`: prompt tokens found in the prefix cache (prompts sharing a
-    /// system prompt prefill it once).
-    pub reused_prefix_cache: u64,
-    /// Tokens computed again because a prefix was re-sent (`prefix_reuse` off).
-    pub recomputed: u64,
-    /// Tokens computed again because their KV was dropped under memory pressure
-    /// (preemption); the trajectories are the same as without it.
-    pub recomputed_preempted: u64,
-    /// Times a sequence's KV was dropped under memory pressure.
-    pub preemptions: u64,
-    /// Everything the model computed.
-    pub computed: u64,
-}
-
-impl TokenSummary {
-    /// The figures of a forest (or of the run's shared prefix) from its cost.
-    pub fn from_cost(c: &ForestCost) -> Self {
-        let u = &c.usage;
-        TokenSummary {
-            prompt_prefilled: u
-                .prefilled
-                .saturating_sub(c.observation_tokens + c.recomputed),
-            observation_prefilled: c.observation_tokens,
-            decoded: u.decoded,
-            reused: u.reused(),
-            reused_prefix_cache: u.reused_prefix_cache,
-            recomputed: c.recomputed,
-            recomputed_preempted: u.recomputed_preempted,
-            preemptions: u.preemptions,
-            computed: u.computed(),
-        }
-    }
-
-    /// Adds `other` into `self`.
-    pub fn add(&mut self, other: &TokenSummary) {
-        self.prompt_prefilled += other.prompt_prefilled;
-        self.observation_prefilled += other.observation_prefilled;
-        self.decoded += other.decoded;
-        self.reused += other.reused;
-        self.reused_prefix_cache += other.reused_prefix_cache;
-        self.recomputed += other.recomputed;
-        self.recomputed_preempted += other.recomputed_preempted;
-        self.preemptions += other.preemptions;
-        self.computed += other.computed;
-    }
-}
-
-/// One prompt's forest in `summary.json`.
-#[derive(Debug, Clone, Serialize)]
-pub struct ForestSummary {
-    pub prompt_index: usize,
-    pub prompt_uid: String,
-    pub trees: usize,
-    pub rollouts: usize,
-    pub mean_reward: f64,
-    pub tokens: TokenSummary,
-    pub tool_calls: u64,
-    /// Branches not started because the token budget was spent.
-    pub skipped_branches: u64,
-    /// Branches that could not fit the KV pool or the context window.
-    pub failed_branches: Vec<FailedBranch>,
-    pub wall_seconds: f64,
-}
-
-/// `summary.json`.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunSummary {
-    /// Prompts asked for.
-    pub prompts: usize,
-    /// Prompts whose forest finished (fewer after an interrupt).
-    pub prompts_finished: usize,
-    pub rollouts: usize,
-    pub mean_reward: f64,
-    /// Totals: the forests' figures plus the run's shared prefix.
-    pub tokens: TokenSummary,
-    pub tokens_computed_per_rollout: f64,
-    /// Tokens the model computed (prefilled + decoded) per second of wall time: the
-    /// rollout's own throughput, tool waits and scheduling included.
-    pub computed_tokens_per_second: f64,
-    pub tool_calls: u64,
-    /// Branches that failed (each listed in its forest's `failed_branches`).
-    pub failed_branches: usize,
-    pub wall_seconds: f64,
-    pub peak_kv_bytes: u64,
-    /// The KV pool's size in bytes.
-    pub kv_pool_bytes: u64,
-    /// The version of the weights the engine served when the run started (0: those
-    /// it started with); every token was sampled under it unless weights were
-    /// swapped during the run.
-    pub weight_version: crate::engine::WeightVersion,
-    /// `exact` or `fast` (`--precision`): the arithmetic the served weights computed
-    /// the logprobs with when the run started.
-    pub precision: crate::model::Precision,
-    pub config: TreeConfig,
-    pub advantage: AdvantageMode,
-    pub token_budget: Option<u64>,
-    /// The token budget stopped some branches from starting.
-    pub budget_exhausted: bool,
-    /// The run was interrupted (SIGINT): only finished forests are in the output.
-    pub interrupted: bool,
-    /// Tokens of the prefix all prompts share (the system prompt), computed once for
-    /// the run before any forest starts, so every prompt finds it in the prefix cache
-    /// and the token counts do not depend on which prompt starts first.
-    pub shared_prefix: TokenSummary,
-    pub forests: Vec<ForestSummary>,
-}
 
 /// How a run is driven, beyond the shape of its trees.
 #[derive(Debug, Clone)]

@@ -13,95 +13,22 @@
 //! engine's batches, and each waits for its tool without holding the others up.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
-use crate::engine::{Engine, EngineError, SeqRng, SeqUsage};
-use crate::env::{Environment, Episode};
+use crate::engine::SeqRng;
+use crate::env::Episode;
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
-use super::branch::{add_snapshot_usage, grow_branch, BranchStart};
-use super::config::TreeConfig;
+use super::branch::{grow_branch, BranchStart};
+use super::context::SamplerContext;
+use super::cost::ForestCost;
 use super::error::RolloutError;
-use super::forest::Tree;
+use super::forest::{FailedBranch, Forest, Tree};
 use super::select::select_nodes;
-
-/// What one prompt's forest cost: the usage of every sequence it ran (summed as each is
-/// freed) plus what only the sampler knows. Summed over forests it gives the run's
-/// figures, so every token the engine computed is attributed to exactly one forest
-/// (or to the run's shared prefix, see `run`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ForestCost {
-    /// Engine usage of the sequences that consumed tokens (node snapshots, which only
-    /// hold a prefix for later branches, are not counted as reusing it).
-    pub usage: SeqUsage,
-    /// Observation tokens appended to sequences.
-    pub observation_tokens: u64,
-    /// Prefix tokens re-sent because prefix reuse was off.
-    pub recomputed: u64,
-    pub tool_calls: u64,
-    /// Branches not started because the run's token budget was spent.
-    pub skipped_branches: u64,
-}
-
-impl ForestCost {
-    pub fn add(&mut self, other: &ForestCost) {
-        self.usage.add(&other.usage);
-        self.observation_tokens += other.observation_tokens;
-        self.recomputed += other.recomputed;
-        self.tool_calls += other.tool_calls;
-        self.skipped_branches += other.skipped_branches;
-    }
-}
-
-/// A branch that could not be grown because one of its sequences cannot fit the KV
-/// pool or the context window. The steps it had grown reach no leaf, so they are left
-/// out of the tree; the failure is recorded here (and in `summary.json`) instead.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FailedBranch {
-    /// The tree it grew in; `None` when the prompt itself could not be computed.
-    pub tree: Option<usize>,
-    /// Its branch id within the tree (the seed's branch part).
-    pub branch: u64,
-    /// The node it started from.
-    pub start_node: usize,
-    /// Agent steps it had completed when it failed.
-    pub steps_done: usize,
-    pub error: String,
-}
-
-/// A finished forest: its trees, the branches that failed, and what it cost.
-#[derive(Debug)]
-pub struct Forest {
-    pub trees: Vec<Tree>,
-    pub failed: Vec<FailedBranch>,
-    pub cost: ForestCost,
-    pub wall_seconds: f64,
-}
-
-impl Forest {
-    /// The forest of a prompt that could not start (its environment failed to start
-    /// the episode): no trees, the failure recorded.
-    pub fn failed_prompt(error: String) -> Self {
-        Forest {
-            trees: Vec::new(),
-            failed: vec![FailedBranch {
-                tree: None,
-                branch: 0,
-                start_node: 0,
-                steps_done: 0,
-                error,
-            }],
-            cost: ForestCost::default(),
-            wall_seconds: 0.0,
-        }
-    }
-}
 
 /// A prompt as the run started it: its episode (the environment's `start`, called
 /// once per prompt) and the episode's prompt as token ids.
@@ -114,86 +41,6 @@ pub struct PromptStart {
 struct NodeRuntime {
     snapshot: Option<SeqId>,
     episode: Episode,
-}
-
-/// Shared by every task of a run.
-pub struct SamplerContext {
-    pub engine: Engine,
-    pub env: Arc<dyn Environment>,
-    pub config: TreeConfig,
-    /// Stop starting branches once the engine has computed this many tokens since
-    /// `computed_at_start` (`--token-budget`).
-    pub token_budget: Option<u64>,
-    pub computed_at_start: u64,
-    /// Set once the budget is found spent; then no new branch starts anywhere.
-    pub budget_spent: AtomicBool,
-    /// KV blocks that must be free or evictable before a new prompt starts: under
-    /// memory pressure the run finishes the forests it has before starting more.
-    pub prompt_room_blocks: usize,
-    /// Every sequence the run's forests hold now (branches, snapshots, roots): an
-    /// interrupted run, whose tasks were dropped mid-way, frees what is left here.
-    pub live: std::sync::Mutex<std::collections::HashSet<SeqId>>,
-}
-
-impl SamplerContext {
-    fn track(&self, seq: SeqId, live: bool) {
-        // A poisoned lock only means another task panicked; the set is still whole.
-        let mut set = self.live.lock().unwrap_or_else(|p| p.into_inner());
-        if live {
-            set.insert(seq);
-        } else {
-            set.remove(&seq);
-        }
-    }
-
-    /// [`Engine::add_sequence`], the sequence recorded as the run's.
-    pub async fn add_sequence(&self, prompt: Vec<TokenId>) -> Result<SeqId, EngineError> {
-        let seq = self.engine.add_sequence(prompt).await?;
-        self.track(seq, true);
-        Ok(seq)
-    }
-
-    /// [`Engine::fork`], the fork recorded as the run's.
-    pub async fn fork(&self, seq: SeqId) -> Result<SeqId, EngineError> {
-        let child = self.engine.fork(seq).await?;
-        self.track(child, true);
-        Ok(child)
-    }
-
-    /// [`Engine::free`] of one of the run's sequences.
-    pub async fn free(&self, seq: SeqId) -> Result<SeqUsage, EngineError> {
-        self.track(seq, false);
-        self.engine.free(seq).await
-    }
-
-    /// Frees every sequence still recorded (after the run's tasks were dropped).
-    pub async fn free_all_left(&self) {
-        let left: Vec<SeqId> = {
-            let mut set = self.live.lock().unwrap_or_else(|p| p.into_inner());
-            set.drain().collect()
-        };
-        for seq in left {
-            // Freed already by a task that finished its free but not its bookkeeping.
-            let _ = self.engine.free(seq).await;
-        }
-    }
-
-    /// Whether a new branch (or prompt) may start under the token budget. In-flight
-    /// branches always finish: the budget can be overrun by what they compute.
-    pub async fn may_start(&self) -> Result<bool, RolloutError> {
-        let Some(budget) = self.token_budget else {
-            return Ok(true);
-        };
-        if self.budget_spent.load(Ordering::Relaxed) {
-            return Ok(false);
-        }
-        let computed = self.engine.stats().await?.counters.computed() - self.computed_at_start;
-        if computed >= budget {
-            self.budget_spent.store(true, Ordering::Relaxed);
-            return Ok(false);
-        }
-        Ok(true)
-    }
 }
 
 /// Grows one prompt's forest to the end (or until the token budget stops new branches).
@@ -367,7 +214,7 @@ pub async fn sample_prompt_forest(
                 if Some(s) == root {
                     cost.usage.add(&usage);
                 } else {
-                    add_snapshot_usage(&mut cost, &usage);
+                    cost.add_snapshot_usage(&usage);
                 }
             }
         }
