@@ -13,6 +13,8 @@ use crate::engine::{Sampling, SamplingError};
 pub enum TreeConfigError {
     #[error("trees must be at least 1 (or chains, for the GRPO baseline)")]
     NoTrees,
+    #[error("chains must be at least 1")]
+    NoChains,
     #[error("keep must be at least 1 (or absent: every leaf)")]
     KeepZero,
     #[error("max_step_tokens must be at least 1")]
@@ -26,6 +28,7 @@ impl TreeConfigError {
     pub fn field(&self) -> &'static str {
         match self {
             TreeConfigError::NoTrees => "trees",
+            TreeConfigError::NoChains => "chains",
             TreeConfigError::KeepZero => "keep",
             TreeConfigError::NoStepTokens => "max_step_tokens",
             TreeConfigError::Sampling(e) => e.field(),
@@ -116,6 +119,9 @@ impl TreeOptions {
     /// The checked search: a sampling [`Sampling::new`] accepts, then
     /// [`TreeConfig::validate`]. Nothing is coerced.
     pub fn config(&self) -> Result<TreeConfig, TreeConfigError> {
+        if self.chains == Some(0) {
+            return Err(TreeConfigError::NoChains);
+        }
         let sampling = Sampling::new(self.temperature, None, None, None)?;
         let shape = TreeShape {
             trees: self.trees,
