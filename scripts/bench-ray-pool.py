@@ -4,7 +4,7 @@ thread against 1 replica x 2 threads, and against one engine in this process (2
 threads), on the default model; and what Ray adds per prompt and per call.
 
 Run with the Python package installed with its `ray` extra, on an otherwise idle
-machine (README, "Scale-out on Ray"):
+machine (docs/python-and-ray.md, "Scale-out on Ray"):
 
     python scripts/bench-ray-pool.py --prompts 8 --json /tmp/ray-pool.json
 

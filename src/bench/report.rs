@@ -1,4 +1,4 @@
-//! The benchmark's outputs: a markdown table (what the README and BENCHMARKS.md quote)
+//! The benchmark's outputs: a markdown table (what BENCHMARKS.md quotes)
 //! and a JSON document (`--json`) with the machine it ran on.
 
 use serde::Serialize;

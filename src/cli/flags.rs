@@ -31,7 +31,7 @@ pub struct PrecisionFlag {
     /// `exact` (f32 activations against each weight's exact value: logits match
     /// candle-transformers, what the trainer recomputes) or `fast` (8-bit activations
     /// and integer dot products on Q4_0/Q4_1/Q8_0 layers and keys/values kept in f16, as
-    /// llama.cpp computes; logits drift, see the README's "Precision").
+    /// llama.cpp computes; logits drift, see docs/numerics-and-precision.md).
     #[arg(long, default_value = "exact")]
     pub precision: treegrpo::model::Precision,
 }

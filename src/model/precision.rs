@@ -7,7 +7,7 @@
 //! - **Fast**: Q4_0, Q4_1 and Q8_0 layers take 8-bit activations (one scale per block
 //!   of 32) and integer dot products (`kernels::int8`), as llama.cpp computes; other
 //!   formats stay exact. Still deterministic and batch-invariant, but logits move
-//!   (the README's "Precision" section gives the measured drift), so a trainer that
+//!   (docs/numerics-and-precision.md gives the measured drift), so a trainer that
 //!   takes the engine's logprobs as the old policy's should use the exact mode or
 //!   recompute them.
 

@@ -1,7 +1,7 @@
 //! The fast precision mode's matmul: 8-bit activations against the file's block
 //! quants, integer dot products per block (AVX-512 VNNI where the CPU has it), as
 //! llama.cpp computes. Not the exact path: every activation is rounded to one of 255
-//! levels per block of 32, so logits move (the README's "Precision" section gives the
+//! levels per block of 32, so logits move (docs/numerics-and-precision.md gives the
 //! measured drift). Still deterministic and batch-invariant: each block's dot product
 //! is an exact integer, and the float steps after it run in one fixed order per output.
 //!
