@@ -9,15 +9,14 @@ use async_trait::async_trait;
 use crate::env::action_kind::ActionKind;
 use crate::env::calc_eval::calculate;
 use crate::env::config::EnvConfig;
-use crate::env::environment::{Environment, Score, StepOutcome};
 use crate::env::episode::Episode;
 use crate::env::error::{EnvError, ToolError};
 use crate::env::normalize::numeric_match;
-use crate::env::prompts::initial_messages;
-use crate::env::protocol::{oracle_text, protocol_step, score_episode, stop_strings, ToolSlot};
+use crate::env::protocol::oracle_text;
 use crate::env::reward::RewardMetric;
-use crate::env::sample::QaSample;
+use crate::env::tags::Tags;
 use crate::env::tool::Tool;
+use crate::env::tool_env::{ToolEnv, ToolTask};
 
 /// The calculator tool. Evaluation is bounded (200 characters), so it runs
 /// inline rather than on the blocking pool.
@@ -35,12 +34,13 @@ impl Tool for CalcTool {
     }
 }
 
+/// The calculator task: `<calc>` calls the tool, the answer is graded by numeric
+/// exact match, and the oracle calls the sample's reference expression.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Calc;
+
 /// The calculator environment.
-#[derive(Clone)]
-pub struct CalcEnv {
-    cfg: EnvConfig,
-    slot: ToolSlot,
-}
+pub type CalcEnv = ToolEnv<Calc>;
 
 impl CalcEnv {
     /// With the built-in calculator.
@@ -50,50 +50,18 @@ impl CalcEnv {
 
     /// With another tool behind `<calc>` (tests, a remote evaluator).
     pub fn with_tool(tool: Arc<dyn Tool>, cfg: EnvConfig) -> Result<Self, EnvError> {
-        cfg.validate()?;
-        Ok(Self {
-            cfg,
-            slot: ToolSlot {
-                kind: ActionKind::Calc,
-                tool,
-            },
-        })
+        Self::with_task(Calc, tool, cfg)
     }
 }
 
-#[async_trait]
-impl Environment for CalcEnv {
-    fn name(&self) -> &str {
-        "calc"
-    }
-
-    fn config(&self) -> &EnvConfig {
-        &self.cfg
-    }
-
-    fn stop_strings(&self) -> Vec<String> {
-        stop_strings(&self.cfg.tags, ActionKind::Calc)
-    }
-
-    fn start(&self, sample: &QaSample) -> Result<Episode, EnvError> {
-        let prompt = initial_messages(
-            ActionKind::Calc,
-            &self.cfg.tags,
-            self.cfg.max_turns,
-            &sample.question,
-        );
-        Ok(Episode::new(sample.clone(), prompt, self.cfg.max_turns))
-    }
-
-    async fn step(&self, episode: &mut Episode, step_text: &str) -> Result<StepOutcome, EnvError> {
-        protocol_step(&self.cfg, &self.slot, episode, step_text).await
-    }
+impl ToolTask for Calc {
+    const NAME: &'static str = "calc";
+    const ACTION: ActionKind = ActionKind::Calc;
 
     /// One calculator call with the sample's reference expression, then its value.
-    fn oracle_step(&self, episode: &Episode) -> Option<String> {
+    fn oracle_step(&self, tags: &Tags, episode: &Episode) -> Option<String> {
         let sample = episode.sample();
         let answer = sample.golden_answers.first()?;
-        let tags = &self.cfg.tags;
         let expression = sample.metadata.as_ref()?.get("expression")?.as_str()?;
         let step = if episode.steps().is_empty() && !episode.in_answer_only_turn() {
             let thought = "I need to compute the result of the described steps.";
@@ -105,17 +73,14 @@ impl Environment for CalcEnv {
         Some(step)
     }
 
-    /// Numeric exact match only: F1 over digits means nothing, so the
-    /// configured metric is ignored and the levels are used as for EM.
-    fn score(&self, episode: &Episode) -> Score {
-        score_episode(
-            episode,
-            &self.cfg.reward,
-            RewardMetric::ExactMatch,
-            |answer, golden| {
-                let ok = numeric_match(answer, golden);
-                (ok, f64::from(u8::from(ok)))
-            },
-        )
+    /// Numeric exact match only: F1 over digits means nothing, so the configured
+    /// metric is ignored and the levels are used as for EM.
+    fn metric(&self, _configured: RewardMetric) -> RewardMetric {
+        RewardMetric::ExactMatch
+    }
+
+    fn judge(&self, answer: &str, golden: &[String]) -> (bool, f64) {
+        let ok = numeric_match(answer, golden);
+        (ok, f64::from(u8::from(ok)))
     }
 }

@@ -13,15 +13,14 @@ use crate::env::action_kind::ActionKind;
 use crate::env::bm25::{Bm25Index, Bm25Params};
 use crate::env::config::EnvConfig;
 use crate::env::corpus::{format_results, Corpus, Document};
-use crate::env::environment::{Environment, Score, StepOutcome};
 use crate::env::episode::Episode;
 use crate::env::error::{EnvError, ToolError};
 use crate::env::ids::DocId;
 use crate::env::normalize::{exact_match, max_f1};
-use crate::env::prompts::initial_messages;
-use crate::env::protocol::{oracle_text, protocol_step, score_episode, stop_strings, ToolSlot};
-use crate::env::sample::QaSample;
+use crate::env::protocol::oracle_text;
+use crate::env::tags::Tags;
 use crate::env::tool::Tool;
+use crate::env::tool_env::{ToolEnv, ToolTask};
 
 /// Search-R1's default number of retrieved documents.
 pub const DEFAULT_TOP_K: usize = 3;
@@ -97,29 +96,24 @@ impl Tool for SearchTool {
     }
 }
 
-/// The search-qa environment over any search tool.
-#[derive(Clone)]
-pub struct SearchQaEnv {
-    cfg: EnvConfig,
-    slot: ToolSlot,
+/// The search-qa task: `<search>` calls the tool, the answer is graded by normalised
+/// exact match or F1 (as configured), and the oracle searches each gold document's
+/// title.
+#[derive(Debug, Clone, Default)]
+pub struct SearchQa {
     /// Document titles by id, for the oracle's queries (known when the environment
     /// owns its corpus).
     titles: Option<Arc<HashMap<DocId, String>>>,
 }
 
+/// The search-qa environment over any search tool.
+pub type SearchQaEnv = ToolEnv<SearchQa>;
+
 impl SearchQaEnv {
     /// An environment whose `<search>` calls `tool` (BM25, a dense retriever,
     /// or a test double).
     pub fn new(tool: Arc<dyn Tool>, cfg: EnvConfig) -> Result<Self, EnvError> {
-        cfg.validate()?;
-        Ok(Self {
-            cfg,
-            slot: ToolSlot {
-                kind: ActionKind::Search,
-                tool,
-            },
-            titles: None,
-        })
+        Self::with_task(SearchQa::default(), tool, cfg)
     }
 
     /// BM25 over `corpus`, `top_k` documents per search.
@@ -130,9 +124,10 @@ impl SearchQaEnv {
             .map(|d| (d.id.clone(), d.title.clone()))
             .collect();
         let retriever = Arc::new(Bm25Retriever::new(corpus, Bm25Params::default()));
-        let mut env = Self::new(Arc::new(SearchTool::new(retriever, top_k)), cfg)?;
-        env.titles = Some(Arc::new(titles));
-        Ok(env)
+        let task = SearchQa {
+            titles: Some(Arc::new(titles)),
+        };
+        Self::with_task(task, Arc::new(SearchTool::new(retriever, top_k)), cfg)
     }
 
     /// BM25 over a `corpus.jsonl` file.
@@ -141,41 +136,16 @@ impl SearchQaEnv {
     }
 }
 
-#[async_trait]
-impl Environment for SearchQaEnv {
-    fn name(&self) -> &str {
-        "search-qa"
-    }
-
-    fn config(&self) -> &EnvConfig {
-        &self.cfg
-    }
-
-    fn stop_strings(&self) -> Vec<String> {
-        stop_strings(&self.cfg.tags, ActionKind::Search)
-    }
-
-    fn start(&self, sample: &QaSample) -> Result<Episode, EnvError> {
-        let prompt = initial_messages(
-            ActionKind::Search,
-            &self.cfg.tags,
-            self.cfg.max_turns,
-            &sample.question,
-        );
-        Ok(Episode::new(sample.clone(), prompt, self.cfg.max_turns))
-    }
-
-    async fn step(&self, episode: &mut Episode, step_text: &str) -> Result<StepOutcome, EnvError> {
-        protocol_step(&self.cfg, &self.slot, episode, step_text).await
-    }
+impl ToolTask for SearchQa {
+    const NAME: &'static str = "search-qa";
+    const ACTION: ActionKind = ActionKind::Search;
 
     /// One search per gold document, in hop order, by the document's title (the
     /// entity it is about; the second hop's is the bridge entity the first document
     /// names), then the first golden answer. Needs the corpus (BM25 environments).
-    fn oracle_step(&self, episode: &Episode) -> Option<String> {
+    fn oracle_step(&self, tags: &Tags, episode: &Episode) -> Option<String> {
         let sample = episode.sample();
         let answer = sample.golden_answers.first()?;
-        let tags = &self.cfg.tags;
         let hop = episode.steps().len();
         match sample.gold_doc_ids.get(hop) {
             Some(doc) if !episode.in_answer_only_turn() => {
@@ -194,10 +164,7 @@ impl Environment for SearchQaEnv {
         }
     }
 
-    fn score(&self, episode: &Episode) -> Score {
-        let reward = &self.cfg.reward;
-        score_episode(episode, reward, reward.metric, |answer, golden| {
-            (exact_match(answer, golden), max_f1(answer, golden))
-        })
+    fn judge(&self, answer: &str, golden: &[String]) -> (bool, f64) {
+        (exact_match(answer, golden), max_f1(answer, golden))
     }
 }
