@@ -1,7 +1,8 @@
 //! `treegrpo.Trainer`: the training loop of `treegrpo train` driven from Python —
 //! each step samples rollouts (trees or chains) from the policy the engine serves,
 //! computes advantages, makes one update and swaps the new weights into the engine;
-//! `log.jsonl` and checkpoints under `out_dir`, resumable.
+//! `log.jsonl`, `run.json` and checkpoints under `out_dir`, resumable (the library's
+//! `TrainRun` and run records, as `treegrpo train` uses them).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,9 @@ use candle_core::DType;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use treegrpo::closed_loop::{LoopConfig, LoopError, LoopEvent, LoopOutcome, StopSignal, TrainRun};
+use treegrpo::closed_loop::{
+    LoopConfig, LoopError, LoopEvent, LoopOutcome, RunSource, StopSignal, TrainRun,
+};
 use treegrpo::env::Split;
 use treegrpo::model::kernels::WeightFormat;
 use treegrpo::train::{KlReference, Optimizer, Params};
@@ -179,6 +182,13 @@ impl Trainer {
             serve_format,
             kl_reference,
         };
+        // Recorded in `out_dir/run.json` as the run starts (the KL reference a resume
+        // keeps is read back from it).
+        let source = RunSource {
+            model: engine.model_path.clone(),
+            task: None,
+            warm_start: 0,
+        };
         let engine = engine.engine.clone();
         let model = engine.model().clone();
         // f32 trainer weights from the model the engine loaded (seconds for 135M).
@@ -196,7 +206,8 @@ impl Trainer {
             config,
             out_dir,
         )
-        .map_err(loop_error)?;
+        .map_err(loop_error)?
+        .with_source(source);
         Ok(Trainer {
             run: Mutex::new(Some(run)),
         })

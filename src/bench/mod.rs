@@ -10,12 +10,14 @@
 //! - [`prefill`]: prefill tokens/s of one prompt into an empty cache (ours and
 //!   llama.cpp's).
 //! - [`report`]: the markdown table and the JSON document.
+//! - [`plan`]: which rows a run measures (`--only`), in their order.
 //!
 //! This layer sits above `rollout` (and the `peer` module when the `mistralrs` or
 //! `llamacpp` feature is on); nothing imports it but the CLI.
 
 pub mod decode;
 pub mod modes;
+pub mod plan;
 pub mod prefill;
 pub mod report;
 
@@ -27,6 +29,7 @@ pub use decode::{decode_prompt, engine_decode_tokens_per_second, DecodeSpeed};
 #[cfg(feature = "mistralrs")]
 pub use modes::run_mistralrs_chain;
 pub use modes::{default_modes, run_mode, BenchMode, BenchRun, BenchSettings, ModeKind};
+pub use plan::{bench_rows, BenchRow};
 #[cfg(feature = "llamacpp")]
 pub use prefill::llamacpp_prefill_tokens_per_second;
 pub use prefill::{engine_prefill_tokens_per_second, prefill_prompt, PrefillSpeed};

@@ -1,16 +1,18 @@
 //! `treegrpo bench`: every rollout mode on the same prompts and seed, as a markdown
-//! table or JSON (the figures README.md and BENCHMARKS.md quote).
+//! table or JSON (the figures BENCHMARKS.md quotes).
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Args;
 use treegrpo::bench::{
-    default_modes, engine_decode_tokens_per_second, engine_prefill_tokens_per_second, machine_info,
-    markdown, prefill_prompt, run_mode, BenchMode, BenchReport, BenchSettings, DecodeSpeed,
-    ModeKind,
+    bench_rows, engine_decode_tokens_per_second, engine_prefill_tokens_per_second, machine_info,
+    markdown, prefill_prompt, run_mode, BenchReport, BenchRow, BenchSettings, DecodeSpeed,
 };
 use treegrpo::engine::Sampling;
+use treegrpo::env::{Environment, QaSample};
+use treegrpo::model::LoadedModel;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -85,66 +87,124 @@ impl ServedWeights {
     }
 }
 
+/// What every row measures on: the model, the task's prompts, the shared settings.
+struct Workload {
+    model_path: PathBuf,
+    model: Arc<LoadedModel>,
+    env: Arc<dyn Environment>,
+    samples: Vec<QaSample>,
+}
+
+/// The peer engines measured beside ours (each only with its feature).
+struct Peers {
+    /// mistral.rs's chain row is wanted, and so its decode speed.
+    #[cfg(feature = "mistralrs")]
+    mistralrs: bool,
+    /// llama.cpp, measured beside every decode and prefill figure of ours.
+    #[cfg(feature = "llamacpp")]
+    llamacpp: Option<treegrpo::peer::LlamaCppPeer>,
+}
+
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.prompts > 0, "--prompts must be at least 1");
     let sampling = Sampling::new(a.step.temperature, None, None, None)?;
+    let rows = bench_rows(&a.only);
+    anyhow::ensure!(!rows.is_empty(), "--only matched no mode");
+    let work = load(&a)?;
+    let mut report = BenchReport {
+        machine: machine_info(),
+        model: work.model_path.display().to_string(),
+        weights: format!("{:?}", a.weights).to_lowercase(),
+        precision: a.precision.precision.name().to_string(),
+        task: format!("{:?}", a.source.task),
+        settings: BenchSettings {
+            prompts: work.samples.len(),
+            seed: a.step.seed,
+            sampling,
+            max_step_tokens: a.step.max_step_tokens,
+            kv_budget_bytes: super::flags::kv_budget_bytes(a.kv_mib),
+            max_concurrent_prompts: a.concurrent_prompts,
+        },
+        runs: Vec::new(),
+        decode: Vec::new(),
+        prefill: Vec::new(),
+    };
+    let peers = peers(&a, &rows, &work, &report)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    measure_rows(&rt, &work, &rows, &mut report)?;
+    measure_decode(&a, &rt, &work, &peers, &mut report)?;
+    measure_prefill(&a, &rt, &work, &peers, &mut report)?;
+    report.fill_ratios();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", markdown(&report));
+    }
+    Ok(())
+}
+
+/// The model as `--weights` and `--precision` ask, and the task's prompts.
+fn load(a: &BenchArgs) -> anyhow::Result<Workload> {
     let model_path =
         treegrpo::model::fetch::model_path_or_default(a.source.model.as_deref(), &mut |m| {
             eprintln!("{m}")
         })?;
     let model = Arc::new(a.precision.apply(a.weights.load(&model_path)?)?);
-    let data = a.source.data();
-    let (env, samples) = a.source.task.setup(&data, a.step.turns, a.prompts)?;
-    let settings = BenchSettings {
-        prompts: samples.len(),
-        seed: a.step.seed,
-        sampling,
-        max_step_tokens: a.step.max_step_tokens,
-        kv_budget_bytes: super::flags::kv_budget_bytes(a.kv_mib),
-        max_concurrent_prompts: a.concurrent_prompts,
-    };
-    let modes: Vec<_> = default_modes()
-        .into_iter()
-        .filter(|m| a.only.is_empty() || a.only.iter().any(|o| o == m.mode.name() || *o == m.label))
-        .collect();
-    let peer_wanted = cfg!(feature = "mistralrs")
-        && (a.only.is_empty()
-            || a.only
-                .iter()
-                .any(|o| o == "mistralrs-chain" || o == "mistralrs-chain-4"));
-    anyhow::ensure!(!modes.is_empty() || peer_wanted, "--only matched no mode");
-    let rows = rows_in_order(modes, peer_wanted);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let mut report = BenchReport {
-        machine: machine_info(),
-        model: model_path.display().to_string(),
-        weights: format!("{:?}", a.weights).to_lowercase(),
-        precision: a.precision.precision.name().to_string(),
-        task: format!("{:?}", a.source.task),
-        settings,
-        runs: Vec::new(),
-        decode: Vec::new(),
-        prefill: Vec::new(),
-    };
-    // llama.cpp (feature `llamacpp`) is measured beside every decode and prefill
-    // figure of ours, on the forward's thread count.
-    #[cfg(feature = "llamacpp")]
-    let llamacpp = if a.decode_batches.is_empty() && a.prefill_tokens == 0 {
-        None
-    } else {
-        eprintln!("loading {} into llama.cpp …", model_path.display());
-        Some(treegrpo::peer::LlamaCppPeer::load(
-            &model_path,
-            report.machine.forward_threads,
-        )?)
-    };
+    let (env, samples) = a
+        .source
+        .task
+        .setup(&a.source.data(), a.step.turns, a.prompts)?;
+    Ok(Workload {
+        model_path,
+        model,
+        env,
+        samples,
+    })
+}
+
+/// The peers this build and these rows measure (llama.cpp loaded here).
+// The peers' arguments are unused in a build without them.
+#[cfg_attr(
+    not(any(feature = "mistralrs", feature = "llamacpp")),
+    allow(unused_variables)
+)]
+fn peers(
+    a: &BenchArgs,
+    rows: &[BenchRow],
+    work: &Workload,
+    report: &BenchReport,
+) -> anyhow::Result<Peers> {
+    Ok(Peers {
+        #[cfg(feature = "mistralrs")]
+        mistralrs: rows.iter().any(|r| matches!(r, BenchRow::PeerChain(_))),
+        #[cfg(feature = "llamacpp")]
+        llamacpp: if a.decode_batches.is_empty() && a.prefill_tokens == 0 {
+            None
+        } else {
+            eprintln!("loading {} into llama.cpp …", work.model_path.display());
+            Some(treegrpo::peer::LlamaCppPeer::load(
+                &work.model_path,
+                report.machine.forward_threads,
+            )?)
+        },
+    })
+}
+
+/// Every row on the same prompts and seed, each one's figures on stderr as it ends
+/// (a long run stopped early still shows what it measured).
+fn measure_rows(
+    rt: &tokio::runtime::Runtime,
+    work: &Workload,
+    rows: &[BenchRow],
+    report: &mut BenchReport,
+) -> anyhow::Result<()> {
     let n = rows.len();
     for (i, row) in rows.iter().enumerate() {
         let run = match row {
-            Row::Ours(mode) => {
+            BenchRow::Ours(mode) => {
                 let label = mode.label.clone();
                 let progress = move |p: treegrpo::rollout::Progress| {
                     eprint!(
@@ -159,101 +219,126 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     let _ = std::io::stderr().flush();
                 };
                 rt.block_on(run_mode(
-                    &model,
-                    env.clone(),
-                    &samples,
+                    &work.model,
+                    work.env.clone(),
+                    &work.samples,
                     mode,
                     &report.settings,
                     Some(Box::new(progress)),
                 ))?
             }
             #[cfg(feature = "mistralrs")]
-            Row::PeerChain(chains) => {
+            BenchRow::PeerChain(chains) => {
                 eprint!(
                     "[{}/{n}] mistralrs-chain-{chains}: running (mistral.rs reports no progress) …",
                     i + 1
                 );
                 rt.block_on(treegrpo::bench::run_mistralrs_chain(
-                    &model_path,
-                    &model,
-                    env.clone(),
-                    &samples,
+                    &work.model_path,
+                    &work.model,
+                    work.env.clone(),
+                    &work.samples,
                     *chains,
                     &report.settings,
                 ))?
             }
         };
         eprintln!();
-        // Each finished mode's figures at once (stderr), so a long run that is
-        // stopped early still shows what it measured.
         eprintln!("{}", serde_json::to_string(&run)?);
         report.runs.push(run);
     }
-    let decode_prompt = if a.decode_context > 0 {
-        prefill_prompt(&model, a.decode_context)?
+    Ok(())
+}
+
+/// Decode tokens/s at each `--decode-batches` size, ours and the peers'.
+// The peers' arguments are unused in a build without them.
+#[cfg_attr(
+    not(any(feature = "mistralrs", feature = "llamacpp")),
+    allow(unused_variables)
+)]
+fn measure_decode(
+    a: &BenchArgs,
+    rt: &tokio::runtime::Runtime,
+    work: &Workload,
+    peers: &Peers,
+    report: &mut BenchReport,
+) -> anyhow::Result<()> {
+    if a.decode_batches.is_empty() {
+        return Ok(());
+    }
+    let prompt = if a.decode_context > 0 {
+        prefill_prompt(&work.model, a.decode_context)?
     } else {
-        treegrpo::bench::decode_prompt(&model)?
+        treegrpo::bench::decode_prompt(&work.model)?
     };
     for &batch in &a.decode_batches {
-        eprintln!(
-            "decode speed at batch {batch}, context {} …",
-            decode_prompt.len()
-        );
+        eprintln!("decode speed at batch {batch}, context {} …", prompt.len());
         let speed = rt.block_on(engine_decode_tokens_per_second(
-            &model,
-            &decode_prompt,
+            &work.model,
+            &prompt,
             batch,
             a.decode_tokens,
         ))?;
-        record_decode(&mut report, speed)?;
+        record_decode(report, speed)?;
         // The mistral.rs peer decodes from the short chat prompt only.
         #[cfg(feature = "mistralrs")]
-        if peer_wanted && a.decode_context == 0 {
+        if peers.mistralrs && a.decode_context == 0 {
             eprintln!("mistral.rs decode speed at batch {batch} …");
             let speed = rt.block_on(treegrpo::bench::peer_decode_tokens_per_second(
-                &model_path,
-                &model,
+                &work.model_path,
+                &work.model,
                 batch,
                 a.decode_tokens,
             ))?;
-            record_decode(&mut report, speed)?;
+            record_decode(report, speed)?;
         }
         #[cfg(feature = "llamacpp")]
-        if let Some(peer) = &llamacpp {
+        if let Some(peer) = &peers.llamacpp {
             eprintln!("llama.cpp decode speed at batch {batch} …");
             let speed = treegrpo::bench::llamacpp_decode_tokens_per_second(
                 peer,
-                &decode_prompt,
+                &prompt,
                 batch,
                 a.decode_tokens,
             )?;
-            record_decode(&mut report, speed)?;
+            record_decode(report, speed)?;
         }
     }
-    if a.prefill_tokens > 0 {
-        let prompt = prefill_prompt(&model, a.prefill_tokens)?;
-        eprintln!("prefill speed of {} tokens …", prompt.len());
-        let speed = rt.block_on(engine_prefill_tokens_per_second(
-            &model,
-            &prompt,
-            a.prefill_runs,
-        ))?;
+    Ok(())
+}
+
+/// Prefill tokens/s of one `--prefill-tokens` prompt, ours and llama.cpp's.
+// The peers' arguments are unused in a build without them.
+#[cfg_attr(
+    not(any(feature = "mistralrs", feature = "llamacpp")),
+    allow(unused_variables)
+)]
+fn measure_prefill(
+    a: &BenchArgs,
+    rt: &tokio::runtime::Runtime,
+    work: &Workload,
+    peers: &Peers,
+    report: &mut BenchReport,
+) -> anyhow::Result<()> {
+    if a.prefill_tokens == 0 {
+        return Ok(());
+    }
+    let prompt = prefill_prompt(&work.model, a.prefill_tokens)?;
+    eprintln!("prefill speed of {} tokens …", prompt.len());
+    let speed = rt.block_on(engine_prefill_tokens_per_second(
+        &work.model,
+        &prompt,
+        a.prefill_runs,
+    ))?;
+    eprintln!("{}", serde_json::to_string(&speed)?);
+    report.prefill.push(speed);
+    #[cfg(feature = "llamacpp")]
+    if let Some(peer) = &peers.llamacpp {
+        eprintln!("llama.cpp prefill speed of {} tokens …", prompt.len());
+        let speed =
+            treegrpo::bench::llamacpp_prefill_tokens_per_second(peer, &prompt, a.prefill_runs)?;
         eprintln!("{}", serde_json::to_string(&speed)?);
         report.prefill.push(speed);
-        #[cfg(feature = "llamacpp")]
-        if let Some(peer) = &llamacpp {
-            eprintln!("llama.cpp prefill speed of {} tokens …", prompt.len());
-            let speed =
-                treegrpo::bench::llamacpp_prefill_tokens_per_second(peer, &prompt, a.prefill_runs)?;
-            eprintln!("{}", serde_json::to_string(&speed)?);
-            report.prefill.push(speed);
-        }
-    }
-    report.fill_ratios();
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print!("{}", markdown(&report));
     }
     Ok(())
 }
@@ -263,41 +348,4 @@ fn record_decode(report: &mut BenchReport, speed: DecodeSpeed) -> anyhow::Result
     eprintln!("{}", serde_json::to_string(&speed)?);
     report.decode.push(speed);
     Ok(())
-}
-
-/// One row of the run: one of our modes, or the peer's chain workload.
-enum Row {
-    Ours(BenchMode),
-    #[cfg(feature = "mistralrs")]
-    PeerChain(usize),
-}
-
-/// Our modes in their order, with the peer's chain workload (when wanted) right after
-/// our first chain mode, so the two engines' chain rows are measured back to back.
-fn rows_in_order(modes: Vec<BenchMode>, peer_wanted: bool) -> Vec<Row> {
-    let mut rows = Vec::with_capacity(modes.len() + 1);
-    let mut peer_pending = peer_wanted;
-    for mode in modes {
-        let is_chain = mode.mode == ModeKind::Chain;
-        rows.push(Row::Ours(mode));
-        if is_chain && peer_pending {
-            rows.extend(peer_row());
-            peer_pending = false;
-        }
-    }
-    if peer_pending {
-        rows.extend(peer_row());
-    }
-    rows
-}
-
-/// The peer's chain row (G = 4, as our chain mode) when the feature is on.
-#[cfg(feature = "mistralrs")]
-fn peer_row() -> Option<Row> {
-    Some(Row::PeerChain(4))
-}
-
-#[cfg(not(feature = "mistralrs"))]
-fn peer_row() -> Option<Row> {
-    None
 }

@@ -7,11 +7,13 @@ use std::sync::Arc;
 
 use candle_core::DType;
 use clap::Args;
-use treegrpo::closed_loop::{evaluate, warm_start, SftConfig, SftStepLog};
+use treegrpo::closed_loop::{
+    run_warm_start, SftConfig, SftStepLog, WarmStartConfig, WarmStartEvent, WarmStartInputs,
+};
 use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::Split;
 use treegrpo::model::kernels::WeightFormat;
-use treegrpo::train::{save_checkpoint, CheckpointExtras, Params};
+use treegrpo::train::Params;
 
 #[derive(Debug, Args)]
 pub struct SftArgs {
@@ -44,11 +46,6 @@ pub struct SftArgs {
     pub out: PathBuf,
 }
 
-fn write_json(path: &std::path::Path, value: &serde_json::Value) -> anyhow::Result<()> {
-    std::fs::write(path, serde_json::to_string_pretty(value)? + "\n")
-        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-}
-
 /// One warm-start step on the progress line.
 pub(crate) fn print_sft_step(l: &SftStepLog, epochs: usize, total_steps: usize) {
     eprint!(
@@ -68,92 +65,68 @@ pub fn run(a: SftArgs) -> anyhow::Result<()> {
     anyhow::ensure!(a.lr.is_finite() && a.lr >= 0.0, "--lr must be non-negative");
     let model = Arc::new(super::load_model(a.source.model.as_deref())?);
     let data = a.source.data();
-    let (env, samples) = a.source.task.setup(&data, a.turns, a.examples)?;
+    let (env, demos) = a.source.task.setup(&data, a.turns, a.examples)?;
     let test = a.source.task.split(&data, Split::Test, a.eval_prompts)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // An engine only to evaluate (before and after).
     let engine = if test.is_empty() {
         None
     } else {
         Some(Engine::start(model.clone(), EngineConfig::default())?)
     };
-    let eval = |engine: &Engine| -> anyhow::Result<f64> {
-        eprint!("evaluating on {} test questions (greedy) … ", test.len());
-        let e = rt.block_on(evaluate(engine, &env, &test, a.max_step_tokens))?;
-        eprintln!("mean reward {:.3} ({:.0} s)", e.mean_reward, e.seconds);
-        Ok(e.mean_reward)
-    };
-    let before = engine.as_ref().map(eval).transpose()?;
-
     let params = Params::from_model(&model.model, DType::F32)?;
-    let cfg = SftConfig {
-        epochs: a.epochs,
-        batch_size: a.batch_size,
-        seed: a.seed,
-        ..SftConfig::default()
-    };
-    let total_steps = samples.len().div_ceil(a.batch_size) * a.epochs;
-    let ws = rt.block_on(warm_start(
-        &model,
-        env.as_ref(),
-        &samples,
-        &params,
-        a.lr,
-        &cfg,
-        &mut |l| print_sft_step(l, a.epochs, total_steps),
-    ))?;
-    eprintln!();
-    eprintln!(
-        "{} demonstrations of {} questions (mean reward {:.3}), {} model tokens",
-        ws.demonstrations,
-        samples.len(),
-        ws.demonstration_reward,
-        ws.model_tokens
-    );
-    let after = match &engine {
-        Some(engine) => {
-            let served = params.to_model(WeightFormat::F32)?;
-            rt.block_on(engine.load_weights(Arc::new(served)))?;
-            Some(eval(engine)?)
-        }
-        None => None,
-    };
-    save_checkpoint(
-        &a.out,
-        &params,
-        CheckpointExtras {
-            tokenizer: &model.tokenizer,
-            chat_template: model.chat_template.as_ref(),
-            optimizer: None,
-            loop_state: None,
+    let cfg = WarmStartConfig {
+        task: Some(a.source.task),
+        lr: a.lr,
+        sft: SftConfig {
+            epochs: a.epochs,
+            batch_size: a.batch_size,
+            seed: a.seed,
+            ..SftConfig::default()
         },
-    )?;
-    let logs = &ws.steps;
-    let log: String = logs
-        .iter()
-        .map(|l| serde_json::to_string(l).map(|s| s + "\n"))
-        .collect::<Result<_, _>>()?;
-    let log_path = a.out.join("sft_log.jsonl");
-    std::fs::write(&log_path, log).map_err(|e| anyhow::anyhow!("{}: {e}", log_path.display()))?;
-    let summary = serde_json::json!({
-        "task": a.source.task,
-        "demonstrations": ws.demonstrations,
-        "demonstration_reward": ws.demonstration_reward,
-        "model_tokens": ws.model_tokens,
-        "epochs": a.epochs,
-        "steps": logs.len(),
-        "lr": a.lr,
-        "first_nll": logs.first().map(|l| l.nll),
-        "last_nll": logs.last().map(|l| l.nll),
-        "eval_prompts": test.len(),
-        "eval_reward_before": before,
-        "eval_reward_after": after,
-        "seconds": logs.iter().map(|l| l.seconds).sum::<f64>(),
-    });
-    write_json(&a.out.join("sft_summary.json"), &summary)?;
-    println!("{summary}");
+        max_step_tokens: a.max_step_tokens,
+        evaluate_after: true,
+        serve_format: WeightFormat::F32,
+    };
+    let inputs = WarmStartInputs {
+        model: &model,
+        engine: engine.as_ref(),
+        env: &env,
+        demos: &demos,
+        test: &test,
+        params: &params,
+    };
+    let questions = demos.len();
+    let warm = rt.block_on(run_warm_start(inputs, &cfg, &mut |e| show(e, questions)))?;
+    warm.save_checkpoint(&a.out, &params, &model)?;
+    println!("{}", serde_json::to_string(&warm.record)?);
     eprintln!("wrote {}", a.out.display());
     Ok(())
+}
+
+/// A warm-start event on stderr.
+fn show(e: WarmStartEvent<'_>, questions: usize) {
+    match e {
+        WarmStartEvent::Evaluating { prompts, .. } => {
+            eprint!("evaluating on {prompts} test questions (greedy) … ")
+        }
+        WarmStartEvent::Evaluated { evaluation: e, .. } => {
+            eprintln!("mean reward {:.3} ({:.0} s)", e.mean_reward, e.seconds)
+        }
+        WarmStartEvent::Step {
+            line,
+            epochs,
+            total,
+        } => print_sft_step(line, epochs, total),
+        WarmStartEvent::Trained(ws) => {
+            eprintln!();
+            eprintln!(
+                "{} demonstrations of {questions} questions (mean reward {:.3}), {} model tokens",
+                ws.demonstrations, ws.demonstration_reward, ws.model_tokens
+            );
+        }
+    }
 }

@@ -10,11 +10,13 @@ use candle_core::DType;
 use clap::{Args, ValueEnum};
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::closed_loop::{
-    self, evaluate, LoopConfig, LoopEvent, LoopOutcome, SftConfig, StepLog, StopSignal, TrainRun,
+    run_warm_start, LoopConfig, LoopEvent, LoopOutcome, RunSource, RunStart, SftConfig, StepLog,
+    StopSignal, TrainRun, WarmStartConfig, WarmStartEvent, WarmStartInputs,
 };
 use treegrpo::engine::{Engine, EngineConfig};
-use treegrpo::env::Split;
+use treegrpo::env::{Environment, QaSample, Split};
 use treegrpo::model::kernels::WeightFormat;
+use treegrpo::model::LoadedModel;
 use treegrpo::train::{KlReference, Optimizer, Params};
 
 use super::flags::{TaskFlags, TreeFlags, UpdateFlags};
@@ -89,8 +91,9 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 16)]
     pub concurrent_prompts: usize,
     /// Continue the run in DIR from its last checkpoint, with the flags it was started
-    /// with (its log from there equals an uninterrupted run's); the model and the
-    /// warm-start size come from DIR/run.json.
+    /// with (its log from there equals an uninterrupted run's); the model (unless
+    /// `--model` names another), the warm-start size and the KL reference come from
+    /// DIR/run.json.
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     pub resume: Option<PathBuf>,
     /// Run folder: log.jsonl, checkpoint/, run.json, reward.svg.
@@ -98,81 +101,94 @@ pub struct TrainArgs {
     pub out: Option<PathBuf>,
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> anyhow::Error + '_ {
-    move |e| anyhow::anyhow!("{}: {e}", path.display())
+impl From<ServeFormat> for WeightFormat {
+    fn from(f: ServeFormat) -> Self {
+        match f {
+            ServeFormat::F32 => WeightFormat::F32,
+            ServeFormat::Bf16 => WeightFormat::Bf16,
+        }
+    }
 }
 
-/// The source model a run folder's `run.json` names.
-/// What a run folder's `run.json` records (the source model, the warm-start size).
-fn recorded(dir: &Path) -> anyhow::Result<serde_json::Value> {
-    let path = dir.join("run.json");
-    let text = std::fs::read_to_string(&path).map_err(io_err(&path))?;
-    Ok(serde_json::from_str(&text)?)
+impl From<KlReferenceFlag> for KlReference {
+    fn from(f: KlReferenceFlag) -> Self {
+        match f {
+            KlReferenceFlag::Previous => KlReference::Previous,
+            KlReferenceFlag::Start => KlReference::Start,
+        }
+    }
+}
+
+/// What the run works on: the model, the engine serving it, the task's questions.
+struct Loaded {
+    model: Arc<LoadedModel>,
+    model_path: PathBuf,
+    engine: Engine,
+    env: Arc<dyn Environment>,
+    /// The warm-start's questions (empty unless it runs now) and the RL prompts.
+    demos: Vec<QaSample>,
+    train: Vec<QaSample>,
+    test: Vec<QaSample>,
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    let config = loop_config(&a)?;
+    let start = match &a.resume {
+        Some(dir) => RunStart::resume(dir, a.source.model.clone())?,
+        None => RunStart::fresh(a.source.model.clone(), a.warm_start),
+    };
+    let out = a
+        .resume
+        .clone()
+        .or(a.out.clone())
+        .ok_or_else(|| anyhow::anyhow!("--out or --resume is required"))?;
+    let loaded = load(&a, &start)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let run = prepare(&a, &rt, &start, loaded, config, out.clone())?;
+    let outcome = drive(&rt, run, a.steps)?;
+    finish(&out, outcome)
+}
+
+/// The loop's settings from the flags, checked before anything is loaded.
+fn loop_config(a: &TrainArgs) -> anyhow::Result<LoopConfig> {
     a.tree.check()?;
     a.update.check()?;
     anyhow::ensure!(
         a.prompts_per_step > 0,
         "--prompts-per-step must be at least 1"
     );
-    let out = a
-        .resume
-        .clone()
-        .or(a.out.clone())
-        .expect("clap requires one");
-    let record = a.resume.as_deref().map(recorded).transpose()?;
-    let model_path = match (&a.source.model, &record) {
-        (Some(m), _) => Some(m.clone()),
-        (None, Some(r)) => r.get("model").and_then(|m| m.as_str()).map(PathBuf::from),
-        (None, None) => None,
-    };
-    // RL prompts start after the warm-start's questions, so its rewards are not on
-    // questions the model was shown solved.
-    let warm_started = match &record {
-        Some(r) => r.get("warm_start").and_then(|w| w.as_u64()).unwrap_or(0) as usize,
-        None => a.warm_start,
-    };
-    let path = treegrpo::model::fetch::model_path_or_default(model_path.as_deref(), &mut |m| {
-        eprintln!("{m}")
-    })?;
-    let model = Arc::new(treegrpo::model::LoadedModel::load(&path)?);
-    let data = a.source.data();
-    let (env, mut train) = a.source.task.setup(&data, a.tree.step.turns, usize::MAX)?;
-    train.drain(..warm_started.min(train.len()));
-    let test = a.source.task.split(&data, Split::Test, a.eval_prompts)?;
     let tree = a.tree.tree_config()?;
-    let serve_format = match a.serve {
-        ServeFormat::F32 => WeightFormat::F32,
-        ServeFormat::Bf16 => WeightFormat::Bf16,
-    };
-    let advantage = a.advantage.unwrap_or(tree.default_advantage());
-    let kl_reference = match &record {
-        Some(r) => r
-            .get("kl_reference")
-            .map(|v| serde_json::from_value(v.clone()))
-            .transpose()?
-            .unwrap_or_default(),
-        None => match a.kl_reference {
-            KlReferenceFlag::Previous => KlReference::Previous,
-            KlReferenceFlag::Start => KlReference::Start,
-        },
-    };
     let update = a.update.update_config(tree.sampling.logprob_temperature());
-    let config = LoopConfig {
+    Ok(LoopConfig {
         steps: a.steps,
         prompts_per_step: a.prompts_per_step,
+        advantage: a.advantage.unwrap_or(tree.default_advantage()),
         tree,
-        advantage,
         concurrent_prompts: a.concurrent_prompts,
         update,
         eval_every: a.eval_every,
         eval_prompts: a.eval_prompts,
         checkpoint_every: a.checkpoint_every,
-        serve_format,
-        kl_reference,
-    };
+        serve_format: a.serve.into(),
+        // A resumed run takes the one its run.json records (`TrainRun::resume`).
+        kl_reference: a.kl_reference.into(),
+    })
+}
+
+/// Loads the model `start` names, starts the engine on it, and reads the task's data.
+fn load(a: &TrainArgs, start: &RunStart) -> anyhow::Result<Loaded> {
+    let model_path =
+        treegrpo::model::fetch::model_path_or_default(start.model.as_deref(), &mut |m| {
+            eprintln!("{m}")
+        })?;
+    let model = Arc::new(LoadedModel::load(&model_path)?);
+    let data = a.source.data();
+    let (env, train) = a.source.task.setup(&data, a.tree.step.turns, usize::MAX)?;
+    let (demos, train) = start.split_train(train);
+    let test = a.source.task.split(&data, Split::Test, a.eval_prompts)?;
     let engine = Engine::start(
         model.clone(),
         EngineConfig {
@@ -182,63 +198,90 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             ..EngineConfig::default()
         },
     )?;
+    Ok(Loaded {
+        model,
+        model_path,
+        engine,
+        env,
+        demos,
+        train,
+        test,
+    })
+}
+
+/// The run, ready to step: warm-started and fresh, or resumed from its checkpoint.
+fn prepare(
+    a: &TrainArgs,
+    rt: &tokio::runtime::Runtime,
+    start: &RunStart,
+    l: Loaded,
+    config: LoopConfig,
+    out: PathBuf,
+) -> anyhow::Result<TrainRun> {
     eprintln!("preparing f32 trainer weights");
-    let params = Params::from_model(&model.model, DType::F32)?;
-    let optimizer = Optimizer::new(a.update.optimizer_config());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let served = if a.resume.is_none() && a.warm_start > 0 {
-        Some(warm_start(
-            &a,
-            &rt,
-            &model,
-            &engine,
-            &env,
-            &test,
-            &params,
-            &out,
-            serve_format,
-        )?)
+    let params = Params::from_model(&l.model.model, DType::F32)?;
+    let warm = if start.warm_starts_now() {
+        let cfg = WarmStartConfig {
+            task: Some(a.source.task),
+            lr: a.warm_start_lr,
+            sft: SftConfig {
+                epochs: a.warm_start_epochs,
+                seed: a.tree.step.seed,
+                ..SftConfig::default()
+            },
+            max_step_tokens: a.tree.step.max_step_tokens,
+            evaluate_after: false,
+            serve_format: config.serve_format,
+        };
+        let inputs = WarmStartInputs {
+            model: &l.model,
+            engine: Some(&l.engine),
+            env: &l.env,
+            demos: &l.demos,
+            test: &l.test,
+            params: &params,
+        };
+        let warm = rt.block_on(run_warm_start(inputs, &cfg, &mut show_warm_start))?;
+        warm.write_to_run(&out)?;
+        let r = &warm.record;
+        eprintln!(
+            "warm-start: {} demonstrations, nll {:.3} → {:.3}",
+            r.demonstrations,
+            r.first_nll.unwrap_or(0.0),
+            r.last_nll.unwrap_or(0.0)
+        );
+        Some(warm)
     } else {
         None
     };
-    let mut run = TrainRun::new(
-        engine,
-        model,
-        env.clone(),
-        train,
-        test,
-        params,
-        optimizer,
-        config,
-        out.clone(),
-    )?;
-    if let Some(model) = served {
-        run.set_served(model);
+    let source = RunSource {
+        model: l.model_path,
+        task: Some(a.source.task),
+        warm_start: start.warm_start,
+    };
+    let optimizer = Optimizer::new(a.update.optimizer_config());
+    let run = TrainRun::new(
+        l.engine, l.model, l.env, l.train, l.test, params, optimizer, config, out,
+    )?
+    .with_source(source);
+    if let Some(served) = warm.and_then(|w| w.served) {
+        run.set_served(served);
     }
-    if a.resume.is_some() {
-        run = rt.block_on(run.resume())?;
-        eprintln!("resuming after step {}", run.state.step);
-    } else {
-        let record = serde_json::json!({
-            "model": path,
-            "task": a.source.task,
-            "warm_start": a.warm_start,
-            "steps": a.steps,
-            "prompts_per_step": a.prompts_per_step,
-            "config": run.config.tree,
-            "advantage": run.config.advantage,
-            "update": run.config.update,
-            "lr": a.update.lr,
-            "optimizer": a.update.optimizer_config(),
-            "kl_reference": run.config.kl_reference,
-        });
-        let p = out.join("run.json");
-        std::fs::write(&p, serde_json::to_string_pretty(&record)? + "\n").map_err(io_err(&p))?;
+    if start.resumed.is_none() {
+        return Ok(run);
     }
+    let run = rt.block_on(run.resume())?;
+    eprintln!("resuming after step {}", run.state.step);
+    Ok(run)
+}
 
+/// Runs the steps, Ctrl-C stopping at the next safe point, the loop's events on
+/// stderr and each step's line on stdout.
+fn drive(
+    rt: &tokio::runtime::Runtime,
+    mut run: TrainRun,
+    steps: u64,
+) -> anyhow::Result<LoopOutcome> {
     let stop = Arc::new(StopSignal::default());
     let signal = stop.clone();
     let (first, second) = (
@@ -254,34 +297,14 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         second.await;
         std::process::exit(130);
     });
-    let steps = a.steps;
-    let on_event = Box::new(move |e: LoopEvent<'_>| {
-        match e {
-            LoopEvent::Rollout { step, progress: p } => eprint!(
-                "\r[step {step}/{steps}] rollout {}/{} prompts, {} rollouts, {:.0} tok/s      ",
-                p.prompts_done,
-                p.prompts,
-                p.rollouts,
-                p.computed_tokens as f64 / p.seconds.max(1e-9)
-            ),
-            LoopEvent::Update { step, progress: p } => eprint!(
-                "\r[step {step}/{steps}] update micro-batch {}/{} ({}/{} rows)          ",
-                p.micro_batches_done, p.micro_batches, p.rows_done, p.rows
-            ),
-            LoopEvent::Evaluating { step } => {
-                eprint!("\r[step {step}/{steps}] evaluating (greedy, test split)          ")
-            }
-            LoopEvent::Step(line) => {
-                eprint!("\r");
-                print_step(line);
-            }
-            LoopEvent::Checkpoint { .. } => {}
-        }
-        let _ = std::io::stderr().flush();
-    });
-    let outcome = rt.block_on(run.run(stop, on_event))?;
+    let on_event = Box::new(move |e: LoopEvent<'_>| show_event(e, steps));
+    Ok(rt.block_on(run.run(stop, on_event))?)
+}
+
+/// The reward plot, where the files are, and status 130 after an interrupt.
+fn finish(out: &Path, outcome: LoopOutcome) -> anyhow::Result<()> {
     let svg = out.join("reward.svg");
-    super::plot::write_plot(std::slice::from_ref(&out), &svg)?;
+    super::plot::write_plot(&[out.to_path_buf()], &svg)?;
     eprintln!(
         "wrote {}/log.jsonl, checkpoint/, {}",
         out.display(),
@@ -297,82 +320,48 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The warm-start before the loop: eval of the untrained model, SFT on the oracle's
-/// demonstrations, the warm weights served (returned: the run trains on them);
-/// `warm_start.json` and `sft_log.jsonl`.
-#[allow(clippy::too_many_arguments)]
-fn warm_start(
-    a: &TrainArgs,
-    rt: &tokio::runtime::Runtime,
-    model: &Arc<treegrpo::model::LoadedModel>,
-    engine: &Engine,
-    env: &Arc<dyn treegrpo::env::Environment>,
-    test: &[treegrpo::env::QaSample],
-    params: &Params,
-    out: &Path,
-    serve_format: WeightFormat,
-) -> anyhow::Result<Arc<treegrpo::model::Model>> {
-    let before = if test.is_empty() {
-        None
-    } else {
-        eprint!(
-            "evaluating the untrained model on {} test questions (greedy) … ",
-            test.len()
-        );
-        let e = rt.block_on(evaluate(engine, env, test, a.tree.step.max_step_tokens))?;
-        eprintln!("eval reward {:.3}", e.mean_reward);
-        Some(e.mean_reward)
-    };
-    let data = a.source.data();
-    let samples = a.source.task.split(&data, Split::Train, a.warm_start)?;
-    let cfg = SftConfig {
-        epochs: a.warm_start_epochs,
-        seed: a.tree.step.seed,
-        ..SftConfig::default()
-    };
-    let total = samples.len().div_ceil(cfg.batch_size) * cfg.epochs;
-    let epochs = cfg.epochs;
-    let ws = rt.block_on(closed_loop::warm_start(
-        model,
-        env.as_ref(),
-        &samples,
-        params,
-        a.warm_start_lr,
-        &cfg,
-        &mut |l| super::sft::print_sft_step(l, epochs, total),
-    ))?;
-    eprintln!();
-    let served = Arc::new(params.to_model(serve_format)?);
-    rt.block_on(engine.load_weights(served.clone()))?;
-    let log: String = ws
-        .steps
-        .iter()
-        .map(|l| serde_json::to_string(l).map(|s| s + "\n"))
-        .collect::<Result<_, _>>()?;
-    let p = out.join("sft_log.jsonl");
-    std::fs::create_dir_all(out).map_err(io_err(out))?;
-    std::fs::write(&p, log).map_err(io_err(&p))?;
-    let summary = serde_json::json!({
-        "demonstrations": ws.demonstrations,
-        "demonstration_reward": ws.demonstration_reward,
-        "model_tokens": ws.model_tokens,
-        "epochs": epochs,
-        "lr": a.warm_start_lr,
-        "steps": ws.steps.len(),
-        "first_nll": ws.steps.first().map(|l| l.nll),
-        "last_nll": ws.steps.last().map(|l| l.nll),
-        "seconds": ws.steps.iter().map(|l| l.seconds).sum::<f64>(),
-        "eval_reward_before": before,
-    });
-    let p = out.join("warm_start.json");
-    std::fs::write(&p, serde_json::to_string_pretty(&summary)? + "\n").map_err(io_err(&p))?;
-    eprintln!(
-        "warm-start: {} demonstrations, nll {:.3} → {:.3}",
-        ws.demonstrations,
-        ws.steps.first().map_or(0.0, |l| l.nll),
-        ws.steps.last().map_or(0.0, |l| l.nll)
-    );
-    Ok(served)
+/// A warm-start event on stderr.
+fn show_warm_start(e: WarmStartEvent<'_>) {
+    match e {
+        WarmStartEvent::Evaluating { prompts, .. } => {
+            eprint!("evaluating the untrained model on {prompts} test questions (greedy) … ")
+        }
+        WarmStartEvent::Evaluated { evaluation, .. } => {
+            eprintln!("eval reward {:.3}", evaluation.mean_reward)
+        }
+        WarmStartEvent::Step {
+            line,
+            epochs,
+            total,
+        } => super::sft::print_sft_step(line, epochs, total),
+        WarmStartEvent::Trained(_) => eprintln!(),
+    }
+}
+
+/// A loop event on stderr (progress) or stdout (a finished step).
+fn show_event(e: LoopEvent<'_>, steps: u64) {
+    match e {
+        LoopEvent::Rollout { step, progress: p } => eprint!(
+            "\r[step {step}/{steps}] rollout {}/{} prompts, {} rollouts, {:.0} tok/s      ",
+            p.prompts_done,
+            p.prompts,
+            p.rollouts,
+            p.computed_tokens as f64 / p.seconds.max(1e-9)
+        ),
+        LoopEvent::Update { step, progress: p } => eprint!(
+            "\r[step {step}/{steps}] update micro-batch {}/{} ({}/{} rows)          ",
+            p.micro_batches_done, p.micro_batches, p.rows_done, p.rows
+        ),
+        LoopEvent::Evaluating { step } => {
+            eprint!("\r[step {step}/{steps}] evaluating (greedy, test split)          ")
+        }
+        LoopEvent::Step(line) => {
+            eprint!("\r");
+            print_step(line);
+        }
+        LoopEvent::Checkpoint { .. } => {}
+    }
+    let _ = std::io::stderr().flush();
 }
 
 fn print_step(l: &StepLog) {

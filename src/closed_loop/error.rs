@@ -27,4 +27,14 @@ pub enum LoopError {
     /// A setting the loop cannot run with.
     #[error("{0}")]
     Config(String),
+    /// A run folder without the run record a resume reads (`run.json`).
+    #[error("{} is missing: not a training run's folder", .0.display())]
+    RecordMissing(PathBuf),
+    /// A run record (`run.json`, `warm_start.json`) that is not the record's JSON.
+    #[error("{}: not a valid run record", .path.display())]
+    Record {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
 }

@@ -3,6 +3,10 @@
 //! `train` (the update), the only layer that uses both.
 //!
 //! - [`sft`]: the supervised warm-start on the task oracle's demonstrations.
+//! - [`warm`]: the warm-start as the commands run it (evaluations, the warm weights
+//!   served, its record), one implementation for `treegrpo sft` and `train`.
+//! - [`start`]: how a run begins, fresh or resumed from its folder's record.
+//! - [`record`]: the run records, `run.json` and the warm-start's, as typed structs.
 //! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
 //!   evaluation, checkpoints with the loop's state, resume, stop signal.
 //! - [`eval`]: greedy mean reward on held-out prompts.
@@ -13,9 +17,12 @@
 pub mod error;
 pub mod eval;
 pub mod log;
+pub mod record;
 pub mod run;
 pub mod samples;
 pub mod sft;
+pub mod start;
+pub mod warm;
 
 pub use error::LoopError;
 pub use eval::{evaluate, Evaluation};
@@ -23,4 +30,12 @@ pub use log::{read_log, LogFile, StepLog, StepTokens};
 pub use run::{
     checkpoint_dir, EventFn, LoopConfig, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun,
 };
+pub use record::{
+    RunRecord, RunSource, WarmStartRecord, RUN_RECORD_FILE, SFT_LOG_FILE, SFT_SUMMARY_FILE,
+    WARM_START_FILE,
+};
 pub use sft::{run_sft, sft_sample, warm_start, SftConfig, SftStepLog, WarmStart};
+pub use start::RunStart;
+pub use warm::{
+    run_warm_start, EvalPoint, WarmStartConfig, WarmStartEvent, WarmStartInputs, WarmStarted,
+};

@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use super::error::LoopError;
 use super::eval::evaluate;
 use super::log::{LogFile, StepLog, StepTokens};
+use super::record::{RunRecord, RunSource};
 use super::samples::train_sample;
 use crate::advantage::AdvantageMode;
 use crate::engine::{Engine, SeqRng};
@@ -155,6 +156,9 @@ pub struct TrainRun {
     /// The model the engine serves when it is `params` in f32: the update runs on it
     /// (one copy of the weights for serving and training).
     served: Mutex<Option<Arc<Model>>>,
+    /// What `run.json` names besides the config; a fresh run writes its record when
+    /// this is set.
+    source: Option<RunSource>,
 }
 
 /// The checkpoint folder of a run folder.
@@ -232,7 +236,40 @@ impl TrainRun {
             logged: Vec::new(),
             out,
             served: Mutex::new(None),
+            source: None,
         })
+    }
+
+    /// The run, recording where it started from: a fresh run writes `run.json`
+    /// ([`RunRecord`]) into its folder as it starts.
+    pub fn with_source(mut self, source: RunSource) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    /// The record of this run (`None` where no source was given).
+    pub fn record(&self) -> Option<RunRecord> {
+        let source = self.source.as_ref()?;
+        Some(RunRecord::new(source, &self.config, &self.optimizer.config))
+    }
+
+    /// A resumed run keeps the KL reference its `run.json` records, whatever this
+    /// invocation asked for: its reference weights (or their absence) are in the
+    /// folder. Folders without a record keep the configured one.
+    fn adopt_recorded_reference(&mut self) -> Result<(), LoopError> {
+        let Some(record) = RunRecord::read_if_present(&self.out)? else {
+            return Ok(());
+        };
+        self.config.kl_reference = record.kl_reference;
+        self.reference = match record.kl_reference {
+            // The values are restored from the folder's copy below.
+            KlReference::Start => match self.reference.take() {
+                Some(reference) => Some(reference),
+                None => Some(self.params.frozen_copy()?),
+            },
+            KlReference::Previous => None,
+        };
+        Ok(())
     }
 
     /// Continues the run in `self.out` from its checkpoint: weights (bit for bit),
@@ -255,6 +292,7 @@ impl TrainRun {
             path: state_path.clone(),
             message: e.to_string(),
         })?;
+        self.adopt_recorded_reference()?;
         restore_weights(&dir, &self.params)?;
         if let Some(reference) = &self.reference {
             let saved = reference_dir(&self.out);
@@ -360,6 +398,9 @@ impl TrainRun {
         let events = Arc::new(Mutex::new(on_event));
         let emit = |e: LoopEvent<'_>| (events.lock().expect("an event callback panicked"))(e);
         if self.state.step == 0 && self.logged.is_empty() {
+            if let Some(record) = self.record() {
+                record.write(&self.out)?;
+            }
             self.state.base_version = self.engine.stats().await?.weight_version;
             if let Some(reference) = &self.reference {
                 save_checkpoint(

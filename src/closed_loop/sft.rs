@@ -8,7 +8,7 @@
 //! serve SFT unchanged (a system prompt every demonstration shares is forwarded once
 //! per micro-batch). Demonstrations are shuffled each epoch by a seeded stream.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::LoopError;
 use super::samples::train_sample;
@@ -46,7 +46,7 @@ impl Default for SftConfig {
 }
 
 /// One SFT step's figures (`sft_log.jsonl`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SftStepLog {
     pub epoch: usize,
     pub step: u64,

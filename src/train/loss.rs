@@ -23,10 +23,10 @@
 //! token is one unique entry read by every leaf below it, so its gradient is the sum
 //! of theirs — packing changes no number.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How per-token losses are averaged (verl's `loss_agg_mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LossAgg {
     /// Sum over every loss token of the update / their count.
@@ -52,7 +52,7 @@ impl std::str::FromStr for LossAgg {
 }
 
 /// The loss's coefficients; defaults are the Tree-GRPO reference scripts'.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LossConfig {
     pub clip_low: f64,
     pub clip_high: f64,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::error::TrainError;
 use super::loss::{aggregation_weights, policy_loss_weighted, LossConfig, LossOutput, LossRow};
@@ -67,7 +67,7 @@ impl TrainSample {
 }
 
 /// How one update runs.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct UpdateConfig {
     pub loss: LossConfig,
     /// Global grad-norm clip (0: none).
