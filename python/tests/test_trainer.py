@@ -59,10 +59,15 @@ def test_trainer_steps_update_and_serve_each_policy_then_resume(tmp_path):
     assert abs(steps[0]["kl"]) < 1e-9
     assert steps[1]["kl"] > 0
     assert (tmp_path / "run" / "reference" / "model.safetensors").exists()
+    # The run's record, the fields `treegrpo train` writes.
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["kl_reference"] == "start"
+    assert record["task"] is None and record["warm_start"] == 0
 
-    # A new trainer on a fresh engine continues from the checkpoint of step 2.
+    # A new trainer on a fresh engine continues from the checkpoint of step 2; it
+    # names no KL reference: a resumed run keeps the one run.json records.
     fresh = treegrpo.Engine(kv_mib=256, model=TEST_MODEL)
-    with treegrpo.Trainer(fresh, CalcTask, tmp_path / "run", steps=3, **loop) as resumed:
+    with treegrpo.Trainer(fresh, CalcTask, tmp_path / "run", steps=3, **LOOP) as resumed:
         assert resumed.resume() == 2
         more = resumed.run()
     assert more[-1]["step"] == 3
