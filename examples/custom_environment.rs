@@ -26,7 +26,9 @@ use treegrpo::env::{
     Score, ScoreDetails, StepOutcome, StepRecord,
 };
 use treegrpo::model::{fetch, ChatMessage, LoadedModel};
-use treegrpo::rollout::{run_rollout, RolloutRequest, RunHooks, RunOptions, Tree, TreeOptions};
+use treegrpo::rollout::{
+    run_rollout, NodeId, RolloutRequest, RunHooks, RunOptions, Tree, TreeOptions,
+};
 
 const MAX_GUESSES: usize = 3;
 const SYSTEM: &str = "We play a game. I think of a whole number between 1 and 100 and you \
@@ -166,11 +168,14 @@ impl Environment for GuessEnv {
 
 /// A rollout tree as the advantage module sees it: parent links and leaf rewards.
 fn tree_view(tree: &Tree) -> TreeView {
-    let nodes = tree.nodes.iter().map(|n| match (n.parent, n.reward) {
-        (None, _) => NodeView::root(),
-        (Some(p), Some(r)) if n.terminal => NodeView::leaf(Some(p), r),
-        (Some(p), _) => NodeView::step(p),
-    });
+    let nodes = tree
+        .nodes
+        .iter()
+        .map(|n| match (n.parent.map(NodeId::index), n.reward) {
+            (None, _) => NodeView::root(),
+            (Some(p), Some(r)) if n.terminal => NodeView::leaf(Some(p), r),
+            (Some(p), _) => NodeView::step(p),
+        });
     TreeView {
         nodes: nodes.collect(),
     }
@@ -227,10 +232,10 @@ async fn main() -> anyhow::Result<()> {
         println!("\nprompt {}", trees[0].prompt_uid);
         for leaf in &advantages.leaves {
             let tree = &trees[leaf.tree];
-            let path = tree.path(leaf.node.0);
+            let path = tree.path(NodeId::new(leaf.node.0));
             let guesses: Vec<String> = path[1..]
                 .iter()
-                .map(|&n| parse_guess(&tree.nodes[n].text).map_or("-".into(), |g| g.to_string()))
+                .map(|&n| parse_guess(&tree[n].text).map_or("-".into(), |g| g.to_string()))
                 .collect();
             println!(
                 "  tree {} leaf {:>2}  path {:?}  guesses {:<12} reward {:.3}  advantage {:+.3}",

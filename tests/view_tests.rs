@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use treegrpo::env::{Action, InvalidReason};
-use treegrpo::rollout::{read_forest, Node, RolloutError, Tree};
+use treegrpo::rollout::{read_forest, Node, NodeId, RolloutError, Tree};
 use treegrpo::view::render_forest_html;
 
 const NASTY: &str = "<script>alert(\"x&y\")</script>'";
@@ -15,8 +15,8 @@ const NASTY_ESCAPED: &str = "&lt;script&gt;alert(&quot;x&amp;y&quot;)&lt;/script
 
 fn step(id: usize, parent: usize, depth: usize, text: &str, action: Action) -> Node {
     Node {
-        id,
-        parent: Some(parent),
+        id: NodeId::new(id),
+        parent: Some(NodeId::new(parent)),
         depth,
         tokens: vec![1, 2, 3],
         logprobs: vec![-0.5, -1.0, -1.5],

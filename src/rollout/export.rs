@@ -7,7 +7,7 @@ use crate::advantage::{
 };
 use crate::model::TokenId;
 
-use super::forest::Tree;
+use super::forest::{NodeId, Tree};
 use super::trajectory::Trajectory;
 
 /// One line of `trajectories.jsonl`.
@@ -15,8 +15,8 @@ use super::trajectory::Trajectory;
 pub struct TrajectoryRecord {
     pub prompt_uid: String,
     pub tree_id: usize,
-    pub leaf_id: usize,
-    pub node_path: Vec<usize>,
+    pub leaf_id: NodeId,
+    pub node_path: Vec<NodeId>,
     #[serde(flatten)]
     pub trajectory: Trajectory,
     pub advantage: f64,
@@ -36,7 +36,7 @@ fn views(trees: &[Tree]) -> Vec<TreeView> {
                 .nodes
                 .iter()
                 .map(|n| {
-                    let base = match (n.parent, n.reward) {
+                    let base = match (n.parent.map(NodeId::index), n.reward) {
                         (None, _) => NodeView::root(),
                         (Some(p), Some(r)) if n.terminal => NodeView::leaf(Some(p), r),
                         (Some(p), _) => NodeView::step(p),
@@ -76,7 +76,7 @@ pub fn score_forest(
             let path = tree.path(leaf.id);
             let mut traj = Trajectory::new(prompt_ids.to_vec());
             for &id in path.iter().skip(1) {
-                let n = &tree.nodes[id];
+                let n = &tree[id];
                 traj.push_model(&n.tokens, &n.logprobs);
                 traj.push_observation(&n.obs_tokens);
             }
@@ -88,7 +88,7 @@ pub fn score_forest(
                 leaf_id: leaf.id,
                 node_path: path,
                 trajectory: traj,
-                advantage: leaf_adv.get(t, NodeIdx(leaf.id)).unwrap_or(0.0),
+                advantage: leaf_adv.get(t, NodeIdx(leaf.id.index())).unwrap_or(0.0),
                 temperature: None,
             });
         }

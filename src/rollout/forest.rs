@@ -7,6 +7,9 @@
 //!
 //! A prompt's [`Forest`] is its trees, the branches that failed, and what it cost.
 
+use std::fmt;
+use std::ops::Index;
+
 use serde::{Deserialize, Serialize};
 
 use crate::env::Action;
@@ -14,11 +17,38 @@ use crate::model::TokenId;
 
 use super::cost::ForestCost;
 
+/// A node of a [`Tree`]: its index in the tree's `nodes` (the root is node 0). Written
+/// as the bare number, so `forest.jsonl` and `trajectories.jsonl` read as before.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NodeId(usize);
+
+impl NodeId {
+    /// The root of every tree (the prompt).
+    pub const ROOT: NodeId = NodeId(0);
+
+    /// The node at `index` in its tree's `nodes`.
+    pub fn new(index: usize) -> Self {
+        NodeId(index)
+    }
+
+    /// Index into the tree's `nodes`.
+    pub fn index(self) -> usize {
+        self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// One agent step (or the root).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Node {
-    pub id: usize,
-    pub parent: Option<usize>,
+    pub id: NodeId,
+    pub parent: Option<NodeId>,
     pub depth: usize,
     /// Generated tokens of this step and their logprobs.
     pub tokens: Vec<TokenId>,
@@ -41,7 +71,7 @@ pub struct Node {
 impl Node {
     pub fn root() -> Self {
         Node {
-            id: 0,
+            id: NodeId::ROOT,
             parent: None,
             depth: 0,
             tokens: Vec::new(),
@@ -80,7 +110,7 @@ impl Tree {
     }
 
     /// Step nodes whose episode goes on: where a branch may be grown.
-    pub fn inner_steps(&self) -> Vec<usize> {
+    pub fn inner_steps(&self) -> Vec<NodeId> {
         self.nodes
             .iter()
             .filter(|n| n.depth > 0 && !n.terminal)
@@ -88,16 +118,35 @@ impl Tree {
             .collect()
     }
 
+    /// Appends `node` as a child of `parent` and returns its id (its index).
+    pub fn push_child(&mut self, parent: NodeId, mut node: Node) -> NodeId {
+        let id = NodeId(self.nodes.len());
+        node.id = id;
+        node.parent = Some(parent);
+        self.nodes.push(node);
+        id
+    }
+
     /// Node ids from the root to `id`, both included.
-    pub fn path(&self, id: usize) -> Vec<usize> {
+    pub fn path(&self, id: NodeId) -> Vec<NodeId> {
         let mut path = vec![id];
         let mut cur = id;
-        while let Some(p) = self.nodes.get(cur).and_then(|n| n.parent) {
+        while let Some(p) = self.nodes.get(cur.0).and_then(|n| n.parent) {
             path.push(p);
             cur = p;
         }
         path.reverse();
         path
+    }
+}
+
+/// `tree[id]`: the node `id` names (panics, as slice indexing does, when the tree has
+/// no such node).
+impl Index<NodeId> for Tree {
+    type Output = Node;
+
+    fn index(&self, id: NodeId) -> &Node {
+        &self.nodes[id.0]
     }
 }
 
@@ -111,7 +160,7 @@ pub struct FailedBranch {
     /// Its branch id within the tree (the seed's branch part).
     pub branch: u64,
     /// The node it started from.
-    pub start_node: usize,
+    pub start_node: NodeId,
     /// Agent steps it had completed when it failed.
     pub steps_done: usize,
     pub error: String,
@@ -135,7 +184,7 @@ impl Forest {
             failed: vec![FailedBranch {
                 tree: None,
                 branch: 0,
-                start_node: 0,
+                start_node: NodeId::ROOT,
                 steps_done: 0,
                 error,
             }],

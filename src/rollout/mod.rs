@@ -42,7 +42,7 @@ pub use cost::ForestCost;
 pub use demo::{demonstrate, demonstrations};
 pub use episode::{run_episode, EpisodeParams};
 pub use error::RolloutError;
-pub use forest::{FailedBranch, Node, Tree};
+pub use forest::{FailedBranch, Node, NodeId, Tree};
 pub use output::{parse_forest, read_forest, Output};
 pub use run::{
     run_rollout, Interrupt, Progress, ProgressFn, RolloutRequest, RolloutResult, RunHooks,

@@ -27,7 +27,7 @@ use super::branch::{grow_branch, BranchStart};
 use super::context::SamplerContext;
 use super::cost::ForestCost;
 use super::error::RolloutError;
-use super::forest::{FailedBranch, Forest, Tree};
+use super::forest::{FailedBranch, Forest, Node, NodeId, Tree};
 use super::select::select_nodes;
 
 /// A prompt as the run started it: its episode (the environment's `start`, called
@@ -80,7 +80,7 @@ pub async fn sample_prompt_forest(
                 let failed = FailedBranch {
                     tree: None,
                     branch: 0,
-                    start_node: 0,
+                    start_node: NodeId::ROOT,
                     steps_done: 0,
                     error,
                 };
@@ -91,10 +91,10 @@ pub async fn sample_prompt_forest(
         None
     };
 
-    let mut runtime: Vec<HashMap<usize, NodeRuntime>> = (0..cfg.shape.trees)
+    let mut runtime: Vec<HashMap<NodeId, NodeRuntime>> = (0..cfg.shape.trees)
         .map(|_| {
             HashMap::from([(
-                0,
+                NodeId::ROOT,
                 NodeRuntime {
                     snapshot: root,
                     episode: episode.clone(),
@@ -111,7 +111,7 @@ pub async fn sample_prompt_forest(
             let mut jobs = JoinSet::new();
             for t in 0..cfg.shape.trees {
                 let starts = if round == 0 {
-                    vec![0]
+                    vec![NodeId::ROOT]
                 } else {
                     let mut rng = SeqRng::from_parts(&[
                         cfg.seed,
@@ -153,7 +153,7 @@ pub async fn sample_prompt_forest(
                         },
                     };
                     let ep = rt.episode.clone();
-                    let depth = trees[t].nodes[start].depth;
+                    let depth = trees[t][start].depth;
                     let seed = vec![cfg.seed, prompt_index, t as u64, branch];
                     let ctx = ctx.clone();
                     jobs.spawn(async move {
@@ -184,11 +184,7 @@ pub async fn sample_prompt_forest(
             for (t, _, start, chain) in results {
                 let mut parent = start;
                 for g in chain {
-                    let id = trees[t].nodes.len();
-                    let mut node = g.node;
-                    node.id = id;
-                    node.parent = Some(parent);
-                    trees[t].nodes.push(node);
+                    let id = trees[t].push_child(parent, g.node);
                     runtime[t].insert(
                         id,
                         NodeRuntime {
@@ -264,10 +260,10 @@ async fn prefill_root(
 }
 
 /// Prompt plus every token on the path to `node` (model and observation tokens).
-fn prefix_tokens(prompt: &[TokenId], tree: &Tree, node: usize) -> Vec<TokenId> {
+fn prefix_tokens(prompt: &[TokenId], tree: &Tree, node: NodeId) -> Vec<TokenId> {
     let mut out = prompt.to_vec();
     for id in tree.path(node).into_iter().skip(1) {
-        let n = &tree.nodes[id];
+        let n = &tree[id];
         out.extend_from_slice(&n.tokens);
         out.extend_from_slice(&n.obs_tokens);
     }
@@ -281,7 +277,7 @@ const KEEP_SALT: u64 = 0x4EE9;
 
 /// Keeps `k` leaves chosen at random and drops nodes left without a leaf below.
 fn keep_leaves(tree: &mut Tree, k: usize, rng: &mut SeqRng) {
-    let mut leaves: Vec<usize> = tree.leaves().map(|n| n.id).collect();
+    let mut leaves: Vec<NodeId> = tree.leaves().map(|n| n.id).collect();
     if leaves.len() <= k {
         return;
     }
@@ -293,20 +289,24 @@ fn keep_leaves(tree: &mut Tree, k: usize, rng: &mut SeqRng) {
     let mut keep = vec![false; tree.nodes.len()];
     for &l in &leaves {
         for id in tree.path(l) {
-            keep[id] = true;
+            keep[id.index()] = true;
         }
     }
-    let mut remap = vec![usize::MAX; tree.nodes.len()];
-    let mut nodes = Vec::new();
-    for n in &tree.nodes {
-        if keep[n.id] {
-            remap[n.id] = nodes.len();
-            nodes.push(n.clone());
-        }
+    // Kept nodes keep their order, each renumbered to its new index; a kept node's
+    // parent is on its path, so it is kept too.
+    let mut nodes: Vec<Node> = tree
+        .nodes
+        .iter()
+        .filter(|n| keep[n.id.index()])
+        .cloned()
+        .collect();
+    let mut remap = vec![None; tree.nodes.len()];
+    for (i, n) in nodes.iter_mut().enumerate() {
+        remap[n.id.index()] = Some(NodeId::new(i));
+        n.id = NodeId::new(i);
     }
     for n in nodes.iter_mut() {
-        n.id = remap[n.id];
-        n.parent = n.parent.map(|p| remap[p]);
+        n.parent = n.parent.and_then(|p| remap[p.index()]);
     }
     tree.nodes = nodes;
 }

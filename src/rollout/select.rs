@@ -4,6 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::SeqRng;
 
+use super::forest::NodeId;
+
 /// Node selection of Tree-GRPO's expansion step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -27,20 +29,21 @@ impl std::str::FromStr for Selection {
     }
 }
 
-/// Picks `n` nodes among `candidates` (inner step nodes, ascending ids); `0` is the root.
+/// Picks `n` nodes among `candidates` (inner step nodes, ascending ids); drawing
+/// [`NodeId::ROOT`] starts a fresh chain.
 pub fn select_nodes(
     selection: Selection,
-    candidates: &[usize],
+    candidates: &[NodeId],
     n: usize,
     rng: &mut SeqRng,
-) -> Vec<usize> {
+) -> Vec<NodeId> {
     let below = |k: usize| (rng.next_u64() % k as u64) as usize;
     match selection {
         Selection::Paper => {
             let mut pool = candidates.to_vec();
             if pool.len() <= n {
                 let fill = n - pool.len();
-                pool.extend(std::iter::repeat_n(0, fill));
+                pool.extend(std::iter::repeat_n(NodeId::ROOT, fill));
                 return pool;
             }
             // Partial Fisher-Yates: the first n of a uniform shuffle.
@@ -54,10 +57,10 @@ pub fn select_nodes(
             pool
         }
         Selection::Reference => {
-            let mut all = vec![0];
+            let mut all = vec![NodeId::ROOT];
             all.extend_from_slice(candidates);
             let mut below = below;
-            let mut picks: Vec<usize> = (0..n).map(|_| all[below(all.len())]).collect();
+            let mut picks: Vec<NodeId> = (0..n).map(|_| all[below(all.len())]).collect();
             picks.sort_unstable();
             picks
         }

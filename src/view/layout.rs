@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::rollout::Tree;
+use crate::rollout::{NodeId, Tree};
 
 use super::{LEVEL_H, MARGIN, RADIUS, SLOT_W};
 
@@ -26,7 +26,7 @@ pub(super) struct Layout {
 /// make a node a root, cycles are cut, every node is placed exactly once.
 pub(super) fn layout(tree: &Tree) -> Layout {
     let n = tree.nodes.len();
-    let mut index_of: HashMap<usize, usize> = HashMap::with_capacity(n);
+    let mut index_of: HashMap<NodeId, usize> = HashMap::with_capacity(n);
     for (i, node) in tree.nodes.iter().enumerate() {
         index_of.entry(node.id).or_insert(i);
     }

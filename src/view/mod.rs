@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::env::Action;
-use crate::rollout::{Node, Tree};
+use crate::rollout::{Node, NodeId, Tree};
 
 mod layout;
 pub mod plot;
@@ -124,8 +124,8 @@ fn mean_reward(tree: &Tree) -> Option<f64> {
 /// What the click panel shows for one node (embedded as JSON).
 #[derive(Serialize)]
 struct NodeData<'a> {
-    id: usize,
-    parent: Option<usize>,
+    id: NodeId,
+    parent: Option<NodeId>,
     depth: usize,
     kind: &'static str,
     action: Option<String>,
@@ -471,8 +471,8 @@ mod tests {
 
     fn node(id: usize, parent: usize, depth: usize) -> Node {
         Node {
-            id,
-            parent: Some(parent),
+            id: NodeId::new(id),
+            parent: Some(NodeId::new(parent)),
             depth,
             ..Node::root()
         }
