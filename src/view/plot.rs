@@ -7,6 +7,7 @@ use plotters::prelude::*;
 /// One run's curves. Points are (cumulative computed tokens, reward).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RewardSeries {
+    /// The run's name in the legend.
     pub label: String,
     /// Mean reward of each step's rollouts.
     pub reward: Vec<(f64, f64)>,
