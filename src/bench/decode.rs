@@ -19,12 +19,17 @@ use crate::model::{ChatMessage, LoadedModel, ModelError, TokenId};
 /// A measured decode speed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct DecodeSpeed {
+    /// Which engine was measured: `treegrpo`, `mistral.rs` or `llama.cpp`.
     pub engine: &'static str,
+    /// Sequences decoding together.
     pub batch: usize,
     /// Prompt tokens each sequence starts decoding after (the context its attention
     /// reads grows from there).
     pub context: usize,
+    /// Tokens each sequence generated (the first comes from the prefill, so
+    /// `new_tokens - 1` forwards are timed).
     pub new_tokens: usize,
+    /// Aggregate decode tokens per second over the whole batch.
     pub tokens_per_second: f64,
     /// treegrpo's figure at the same batch and context divided by this one (peer rows
     /// only; filled by the report).

@@ -16,6 +16,7 @@ use crate::rollout::{
 /// plus G for chain modes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModeConfig {
+    /// The tree shape (M, N, L and the selection) every prompt's rollouts grow by.
     #[serde(flatten)]
     pub shape: TreeShape,
     /// G for chain modes (`None` for trees).
@@ -52,16 +53,19 @@ impl ModeKind {
 /// One row of the benchmark.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct BenchMode {
+    /// Which kind of row this is (chain, tree, tree recomputing prefixes, peer chain).
     pub mode: ModeKind,
     /// A unique name (what `--only` takes): the mode with its shape, e.g.
     /// `tree-2-2-1` or `tree-2-2-1-reference`.
     pub label: String,
+    /// The rollout shape this row runs.
     pub config: ModeConfig,
     /// Branches fork cached prefixes (off: every prefix is re-sent and recomputed).
     pub prefix_reuse: bool,
 }
 
 impl BenchMode {
+    /// The GRPO baseline: `g` independent chains per prompt, labelled `chain-{g}`.
     pub fn chain(g: usize) -> Self {
         BenchMode {
             mode: ModeKind::Chain,
@@ -74,6 +78,8 @@ impl BenchMode {
         }
     }
 
+    /// A Tree-GRPO row of shape (M, N, L) with branches forking cached prefixes, labelled
+    /// `tree-{m}-{n}-{l}` (with `-reference` for [`Selection::Reference`]).
     pub fn tree(m: usize, n: usize, l: usize, select: Selection) -> Self {
         let sel = match select {
             Selection::Paper => "",
@@ -99,6 +105,8 @@ impl BenchMode {
         mode
     }
 
+    /// The rollout configuration this row runs with: its shape and prefix reuse, the
+    /// shared sampling, step cap and seed from `settings`.
     pub fn tree_config(&self, settings: &BenchSettings) -> TreeConfig {
         TreeConfig {
             shape: self.config.shape,
@@ -128,33 +136,50 @@ pub fn default_modes() -> Vec<BenchMode> {
 /// What every mode shares.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchSettings {
+    /// Prompts every mode rolls out (the same ones, in the same order).
     pub prompts: usize,
+    /// Rollout seed, the same for every mode.
     pub seed: u64,
+    /// How every mode samples its steps.
     pub sampling: Sampling,
+    /// Most tokens one step (one assistant turn) may generate.
     pub max_step_tokens: usize,
+    /// Bytes of KV cache each mode's fresh engine may hold.
     pub kv_budget_bytes: usize,
+    /// Most prompts whose forests grow at once (0: all).
     pub max_concurrent_prompts: usize,
 }
 
 /// One mode's measured figures (a row of the table, an entry of `runs` in the JSON).
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchRun {
+    /// The kind of the row measured.
     pub mode: ModeKind,
+    /// The row's unique label (see [`BenchMode::label`]).
     pub label: String,
+    /// The rollout shape the row ran.
     pub config: ModeConfig,
+    /// Finished rollouts (leaves) over all prompts.
     pub rollouts: usize,
+    /// Where the row's tokens went: prefilled, decoded, reused and computed.
     pub tokens: TokenSummary,
+    /// Tokens the model computed divided by `rollouts`: the cost of one rollout.
     pub tokens_computed_per_rollout: f64,
+    /// Rollouts per 10,000 computed tokens (see [`per_10k`]); higher is cheaper.
     pub rollouts_per_10k_tokens: f64,
     /// `rollouts_per_10k_tokens` over the chain baseline's (filled in by the report).
     pub ratio_to_chain: Option<f64>,
+    /// Wall-clock seconds of the whole rollout run.
     pub wall_seconds: f64,
+    /// `rollouts` over `wall_seconds`.
     pub rollouts_per_second: f64,
     /// `rollouts_per_second` over the chain baseline's (filled in by the report).
     pub speed_ratio_to_chain: Option<f64>,
     /// `None` for the peer, which reports no KV figure.
     pub peak_kv_bytes: Option<u64>,
+    /// Mean reward over the row's rollouts.
     pub mean_reward: f64,
+    /// Tool calls the rollouts made.
     pub tool_calls: u64,
     /// How token counts were obtained (ours: the engine's counters; a peer may differ).
     pub token_source: String,

@@ -18,9 +18,11 @@ use crate::model::{LoadedModel, ModelError, TokenId};
 /// A measured prefill speed.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct PrefillSpeed {
+    /// Which engine was measured: `treegrpo` or `llama.cpp`.
     pub engine: &'static str,
     /// Prompt tokens computed in one prefill.
     pub tokens: usize,
+    /// `tokens` over the median timed prefill's seconds.
     pub tokens_per_second: f64,
     /// treegrpo's figure divided by this one (peer rows only; filled by the report).
     pub treegrpo_ratio: Option<f64>,
@@ -34,8 +36,9 @@ every evening to light the lamp. He knew the moods of the sea the way a farmer k
 sky: the long grey swell that came before a gale, the flat glitter of a calm that would not \
 last, the fog that crept in from the south and swallowed the harbour bell. ";
 
-/// Exactly `tokens` token ids of [`PREFILL_TEXT`] repeated: the prompt both engines
-/// prefill.
+/// Exactly `tokens` token ids of a fixed paragraph of English prose, repeated: the
+/// prompt both engines prefill. An error if the tokenizer fails or encodes the text
+/// to nothing.
 pub fn prefill_prompt(model: &LoadedModel, tokens: usize) -> Result<Vec<TokenId>, ModelError> {
     let once = model.tokenizer.encode_prompt(PREFILL_TEXT)?;
     if once.is_empty() {

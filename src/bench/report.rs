@@ -10,9 +10,11 @@ use super::prefill::PrefillSpeed;
 /// Where the figures were measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct MachineInfo {
+    /// The CPU model from `/proc/cpuinfo` (`unknown` where there is none).
     pub cpu: String,
     /// Logical CPUs the process may use.
     pub threads: usize,
+    /// Operating system and architecture, e.g. `linux x86_64`.
     pub os: String,
     /// Threads rayon's pool has (the trainer's and standalone matmuls).
     pub rayon_threads: usize,
@@ -46,16 +48,23 @@ pub fn machine_info() -> MachineInfo {
 /// The whole benchmark (`--json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
+    /// The machine the figures were measured on.
     pub machine: MachineInfo,
+    /// Path of the model file served.
     pub model: String,
     /// `native`, `f32` or `bf16`: the weights the engine served (`--weights`).
     pub weights: String,
     /// `exact` or `fast` (`--precision`).
     pub precision: String,
+    /// The task whose prompts the rollout rows ran.
     pub task: String,
+    /// What every rollout row shared.
     pub settings: BenchSettings,
+    /// The rollout rows, in the order measured.
     pub runs: Vec<BenchRun>,
+    /// Decode speeds, ours and the peers', per batch size.
     pub decode: Vec<DecodeSpeed>,
+    /// Prefill speeds, ours and the peers', per prompt length.
     pub prefill: Vec<PrefillSpeed>,
 }
 
