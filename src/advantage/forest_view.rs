@@ -73,6 +73,7 @@ impl NodeView {
 /// One rollout tree, nodes in any order (parents need not come first).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TreeView {
+    /// The tree's steps; a node's index here is its [`NodeIdx`].
     pub nodes: Vec<NodeView>,
 }
 
@@ -110,10 +111,12 @@ impl PromptForest {
         Ok(Self { trees })
     }
 
+    /// The validated trees, in the order given.
     pub fn trees(&self) -> &[CheckedTree] {
         &self.trees
     }
 
+    /// Tree number `tree`; [`AdvantageError::TreeOutOfRange`] past the last.
     pub fn tree(&self, tree: usize) -> Result<&CheckedTree, AdvantageError> {
         self.trees.get(tree).ok_or(AdvantageError::TreeOutOfRange {
             tree,
@@ -207,6 +210,7 @@ impl CheckedTree {
         &self.view
     }
 
+    /// Nodes in the tree (leaves and internal steps).
     pub fn num_nodes(&self) -> usize {
         self.view.nodes.len()
     }
@@ -226,10 +230,12 @@ impl CheckedTree {
         }
     }
 
+    /// Parent of `node` (`None` for a root or an index out of range).
     pub fn parent(&self, node: NodeIdx) -> Option<NodeIdx> {
         self.view.nodes.get(node.0)?.parent
     }
 
+    /// Children of `node`, empty for a leaf (`None` if `node` is out of range).
     pub fn children(&self, node: NodeIdx) -> Option<&[NodeIdx]> {
         self.children.get(node.0).map(Vec::as_slice)
     }

@@ -40,6 +40,7 @@ pub enum AdvantageMode {
 }
 
 impl AdvantageMode {
+    /// Every mode, in declaration order: what `FromStr` accepts, by [`Self::name`].
     pub const ALL: [Self; 5] = [
         Self::Tree,
         Self::Tree2Norm,
@@ -80,9 +81,14 @@ impl FromStr for AdvantageMode {
 /// The advantage of one finished trajectory.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LeafAdvantage {
+    /// Index of the leaf's tree in its prompt group.
     pub tree: usize,
+    /// The leaf's node within that tree.
     pub node: NodeIdx,
+    /// The trajectory's outcome reward.
     pub reward: f64,
+    /// Its advantage under the group's [`AdvantageMode`]: the weight of its model
+    /// tokens in the policy loss.
     pub advantage: f64,
 }
 
@@ -90,7 +96,9 @@ pub struct LeafAdvantage {
 /// (the order of `PromptForest::trees()` and `CheckedTree::leaves()`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LeafAdvantages {
+    /// The mode the advantages were computed under.
     pub mode: AdvantageMode,
+    /// One entry per leaf, tree by tree, leaves in ascending node index.
     pub leaves: Vec<LeafAdvantage>,
 }
 

@@ -14,6 +14,7 @@ use serde::Serialize;
 /// Per-node packed weights of one prompt group.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PackedWeights {
+    /// The advantage mode the weights were summed from.
     pub mode: AdvantageMode,
     /// `trees[t][n]`: sum of the advantages of the leaves below node `n` of tree `t`.
     pub trees: Vec<Vec<f64>>,

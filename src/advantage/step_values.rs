@@ -11,6 +11,7 @@ use serde::Serialize;
 /// Value and advantage of one node (one agent step).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepValue {
+    /// The step's node in its tree.
     pub node: NodeIdx,
     /// Number of leaves below this node (1 for a leaf).
     pub leaves: usize,
