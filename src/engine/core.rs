@@ -3,12 +3,12 @@
 //!
 //! A sequence holds *pending* tokens (known, not yet in the KV cache) and, while it
 //! generates, its sampling state. Each step feeds every runnable sequence's pending
-//! tokens through one forward (see [`schedule`](super::schedule)). When a sequence's
+//! tokens through one forward (see the `schedule` module). When a sequence's
 //! pending tokens are all in the cache, its last row's logits are kept, so a
 //! generation — or a fork's generation — can sample its first token without
 //! recomputing anything.
 //!
-//! Under memory pressure a sequence may be *preempted* (see [`preempt`](super::preempt)):
+//! Under memory pressure a sequence may be *preempted* (see the `preempt` module):
 //! its KV is dropped and its tokens become pending again, marked as a recompute, so it
 //! is recomputed when room returns. Callers never see it: tokens, logprobs and results
 //! are the same as without the preemption.
@@ -34,9 +34,11 @@ use super::stop::{GenParams, StopReason};
 /// A finished generation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
+    /// The generated token ids, in order (a stop token that ended it is not among them).
     pub tokens: Vec<TokenId>,
     /// Natural-log probability of each token under the sampling distribution.
     pub logprobs: Vec<f32>,
+    /// Why it ended.
     pub stop: StopReason,
     /// The weights every token of it was sampled under (see [`super::weights`]).
     pub weight_version: super::WeightVersion,
@@ -142,6 +144,11 @@ pub struct EngineCore {
 }
 
 impl EngineCore {
+    /// An engine with no sequences over `model`, its KV pool sized by `config`. An error
+    /// if the pool cannot be made (a budget too small for one block, an allocation
+    /// that fails) or the step log
+    /// ([`STEP_LOG_ENV`](super::step_log::STEP_LOG_ENV)) names a file that cannot be
+    /// created.
     pub fn new(model: Arc<LoadedModel>, config: EngineConfig) -> Result<Self, EngineError> {
         let mut kv = KvCache::for_model(
             KvConfig {
@@ -172,10 +179,13 @@ impl EngineCore {
         })
     }
 
+    /// The model the engine started with: its tokenizer, chat template and config (the
+    /// weights it serves may since have been swapped).
     pub fn model(&self) -> &Arc<LoadedModel> {
         &self.model
     }
 
+    /// A snapshot of the counters, the KV pool's occupancy and the step latencies.
     pub fn stats(&self) -> EngineStats {
         EngineStats {
             counters: self.counters,
@@ -192,6 +202,7 @@ impl EngineCore {
         }
     }
 
+    /// The paged KV cache, for inspection.
     pub fn kv(&self) -> &KvCache {
         &self.kv
     }
@@ -498,6 +509,8 @@ impl EngineCore {
         Ok(self.kv.pin(seq)?)
     }
 
+    /// Releases a pin taken by [`Self::pin`]; its blocks become evictable. An error if
+    /// the pin is unknown (never taken, or released already).
     pub fn unpin(&mut self, pin: PinId) -> Result<(), EngineError> {
         Ok(self.kv.unpin(pin)?)
     }

@@ -74,10 +74,14 @@ pub struct SeqUsage {
 }
 
 impl SeqUsage {
+    /// Rows the model computed for this sequence: prefilled, decoded and recomputed after
+    /// preemption.
     pub fn computed(&self) -> u64 {
         self.prefilled + self.decoded + self.recomputed_preempted
     }
 
+    /// Tokens it needed but did not compute: found in the prefix cache or inherited from a
+    /// fork's parent.
     pub fn reused(&self) -> u64 {
         self.reused_prefix_cache + self.reused_fork
     }
@@ -96,7 +100,9 @@ impl SeqUsage {
 /// Counters plus the KV pool's occupancy.
 #[derive(Debug, Clone, Serialize)]
 pub struct EngineStats {
+    /// The engine's token and operation counters since it started.
     pub counters: EngineCounters,
+    /// The KV pool's occupancy now.
     pub kv: KvStats,
     /// The version of the weights served now (0: those the engine started with).
     pub weight_version: super::WeightVersion,
@@ -120,7 +126,9 @@ pub struct Histogram {
     /// Observations of at most `bounds[i]` seconds, per bound (cumulative: each
     /// count includes the ones below it).
     pub buckets: Vec<u64>,
+    /// Observations recorded.
     pub count: u64,
+    /// Sum of every observation, in seconds.
     pub sum_seconds: f64,
 }
 
@@ -131,6 +139,7 @@ impl Histogram {
         0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
     ];
 
+    /// An empty histogram over `bounds` (upper bounds in seconds, ascending).
     pub fn new(bounds: &[f64]) -> Self {
         Histogram {
             bounds: bounds.to_vec(),
@@ -140,6 +149,7 @@ impl Histogram {
         }
     }
 
+    /// Counts one observation of `seconds` in every bucket whose bound it does not exceed.
     pub fn record(&mut self, seconds: f64) {
         for (count, &bound) in self.buckets.iter_mut().zip(&self.bounds) {
             if seconds <= bound {

@@ -14,9 +14,14 @@ use super::stop::{check_sampled, GenParams, StopReason};
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
+    /// Prompt token ids; not empty, every id below the vocabulary size, shorter than the
+    /// context window.
     pub prompt: Vec<TokenId>,
+    /// Most tokens to generate (0: none, the result is empty).
     pub max_new_tokens: usize,
+    /// How each token is chosen.
     pub sampling: Sampling,
+    /// Seed of the generation's RNG: the same request gives the same tokens.
     pub seed: u64,
     /// Tokens that end the generation (not included in the output).
     pub stop_tokens: Vec<TokenId>,
@@ -29,7 +34,9 @@ pub struct GenerateRequest {
 /// The generated tokens with their logprobs.
 #[derive(Debug, Clone)]
 pub struct SingleGeneration {
+    /// The generated tokens with their logprobs, in order (a stop token is not included).
     pub tokens: Vec<SampledToken>,
+    /// Why the generation ended.
     pub stop: StopReason,
 }
 

@@ -175,10 +175,14 @@ impl Engine {
         let _ = self.commands.send(Command::Free(seq, tx));
     }
 
+    /// Keeps the computed tokens of `seq` resident (never freed or evicted) until
+    /// [`Self::unpin`], whatever happens to `seq`, so later branches can start from them.
+    /// An error if `seq` is unknown.
     pub async fn pin(&self, seq: SeqId) -> Result<PinId, EngineError> {
         self.call(|r| Command::Pin(seq, r)).await
     }
 
+    /// Releases a pin taken by [`Self::pin`]. An error if the pin is unknown.
     pub async fn unpin(&self, pin: PinId) -> Result<(), EngineError> {
         self.call(|r| Command::Unpin(pin, r)).await
     }
@@ -242,10 +246,15 @@ impl Engine {
             .await
     }
 
+    /// A snapshot of the engine's counters, KV occupancy and step latencies. An error
+    /// only if the engine has stopped.
     pub async fn stats(&self) -> Result<EngineStats, EngineError> {
         self.call(Command::Stats).await
     }
 
+    /// Forgets every cached prefix (their KV would be stale after a weight change made
+    /// outside [`Self::load_weights`], which clears it itself). Live sequences and pins
+    /// keep their blocks.
     pub async fn clear_prefix_cache(&self) -> Result<(), EngineError> {
         self.call(Command::ClearPrefixCache).await
     }

@@ -59,14 +59,18 @@ impl Penalties {
         })
     }
 
+    /// The repetition penalty: seen tokens' positive logits are divided by it, negative
+    /// ones multiplied (1: off).
     pub fn repetition(&self) -> f32 {
         self.repetition
     }
 
+    /// Subtracted once from the logit of every token already in the output (0: off).
     pub fn presence(&self) -> f32 {
         self.presence
     }
 
+    /// Subtracted from an output token's logit once per time it occurs (0: off).
     pub fn frequency(&self) -> f32 {
         self.frequency
     }

@@ -34,10 +34,12 @@ impl SeqRng {
         SeqRng { s }
     }
 
+    /// Seeded from one word: the same as `from_parts(&[seed])`.
     pub fn new(seed: u64) -> Self {
         Self::from_parts(&[seed])
     }
 
+    /// The next 64 random bits (xoshiro256**).
     pub fn next_u64(&mut self) -> u64 {
         let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;

@@ -21,22 +21,31 @@ use crate::model::TokenId;
 /// OpenAI / vLLM request fields).
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
 pub enum SamplingError {
+    /// The temperature given (negative or not finite).
     #[error("temperature {0} is not a temperature (0 = greedy, or above 0)")]
     Temperature(f32),
+    /// The `top_p` given.
     #[error("top_p {0} is outside (0, 1]")]
     TopP(f32),
+    /// The `top_k` given (below -1).
     #[error("top_k {0} is not a top-k (-1 or 0 = off, or at least 1)")]
     TopK(i64),
+    /// The `min_p` given.
     #[error("min_p {0} is outside [0, 1]")]
     MinP(f32),
+    /// The repetition penalty given (zero, negative or not finite).
     #[error("repetition_penalty {0} must be above 0 (1 = off)")]
     RepetitionPenalty(f32),
+    /// The presence penalty given.
     #[error("presence_penalty {0} is outside [-2, 2]")]
     PresencePenalty(f32),
+    /// The frequency penalty given.
     #[error("frequency_penalty {0} is outside [-2, 2]")]
     FrequencyPenalty(f32),
+    /// The number of alternatives asked for.
     #[error("top_logprobs {0} is above the most alternatives served ({MAX_TOP_LOGPROBS})")]
     TopLogprobs(usize),
+    /// A generation was asked for zero new tokens.
     #[error("max_tokens must be at least 1")]
     NoTokens,
 }
@@ -68,8 +77,12 @@ pub enum Sampling {
     Greedy,
     /// Sample from `softmax(logits / temperature)`, optionally truncated.
     Random {
+        /// Divides the logits before the softmax; above 0 and finite (0 is [`Sampling::Greedy`]).
         temperature: f32,
+        /// Draw only among the `k` most likely tokens (`None`: no cut).
         top_k: Option<usize>,
+        /// Nucleus sampling: draw only among the most likely tokens whose probabilities sum
+        /// to at least `p`, in (0, 1) (`None`: no cut).
         top_p: Option<f32>,
         /// vLLM's min-p: tokens below `min_p ×` the most likely one's probability
         /// are never drawn.
@@ -150,8 +163,12 @@ impl Sampling {
 /// what it has seen, and how many alternatives to report.
 #[derive(Debug, Clone, Copy)]
 pub struct DrawOptions<'a> {
+    /// Penalties applied to a copy of the logits before the choice.
     pub penalties: &'a Penalties,
+    /// What the sequence has seen, which the penalties count (`None`: no penalties apply).
     pub history: Option<&'a TokenHistory>,
+    /// How many most likely alternatives to report with the token (0: none; at most
+    /// [`MAX_TOP_LOGPROBS`] when it comes from a request).
     pub top_logprobs: usize,
 }
 
@@ -217,7 +234,10 @@ pub fn top_logprobs(logits: &[f32], sampling: &Sampling, n: usize) -> Vec<Sample
 /// sampled, or one of a position's `top_logprobs` alternatives.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampledToken {
+    /// The token id.
     pub token: TokenId,
+    /// Natural log of its probability under the unpenalised, untruncated softmax at the
+    /// sampling temperature (1 for greedy).
     pub logprob: f32,
 }
 

@@ -40,14 +40,21 @@ static SHARED: Mutex<Option<(PathBuf, SharedFile)>> = Mutex::new(None);
 
 /// What one step did and how long its parts took.
 pub struct StepRecord {
+    /// Sequences in the step's batch.
     pub seqs: usize,
+    /// Token rows computed: every sequence's new tokens, summed.
     pub rows: usize,
+    /// Sequences feeding exactly one token (decoding rather than prefilling).
     pub decode_seqs: usize,
+    /// Positions the step's attention reads: each sequence's cached length plus its new
+    /// rows, summed.
     pub context: usize,
     /// Positions in distinct KV blocks: `context` counts a block shared by several
     /// sequences once per sequence, this once (what attention must at least read).
     pub distinct_context: usize,
+    /// Seconds the forward took.
     pub forward_s: f64,
+    /// Seconds choosing the next tokens took.
     pub sample_s: f64,
 }
 

@@ -16,6 +16,7 @@ pub enum StopReason {
     /// The decoded text came to contain a stop string (the token completing it is
     /// part of the output).
     StopString,
+    /// `max_new_tokens` tokens were generated (the last is part of the output).
     MaxTokens,
     /// The model's context window is full.
     ContextFull,
@@ -24,9 +25,14 @@ pub enum StopReason {
 /// How to generate: sampling, limits and stop conditions, and the RNG seed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenParams {
+    /// How each token is chosen.
     pub sampling: Sampling,
+    /// Most tokens to generate, the last one included; at least 1.
     pub max_new_tokens: usize,
+    /// Token ids that end the generation when sampled (not part of the output).
     pub stop_tokens: Vec<TokenId>,
+    /// Strings that end the generation once the decoded output contains one (the token
+    /// completing it is part of the output).
     pub stop_strings: Vec<String>,
     /// Seed words of this generation's RNG, e.g. (run seed, prompt, tree, branch, step):
     /// the samples depend on these alone, never on the rest of the batch.
