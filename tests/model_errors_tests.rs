@@ -29,9 +29,20 @@ fn load_err(path: &Path) -> ModelError {
     }
 }
 
-/// The message names `file` and contains every one of `words`.
+/// The message and its causes, as a chain printer (the CLI's `{:#}`) shows them.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut cause = err.source();
+    while let Some(c) = cause {
+        msg.push_str(&format!(": {c}"));
+        cause = c.source();
+    }
+    msg
+}
+
+/// The message (with its causes) names `file` and contains every one of `words`.
 fn assert_message(err: &ModelError, file: &Path, words: &[&str]) {
-    let msg = err.to_string();
+    let msg = chain(err);
     assert!(
         msg.contains(&file.display().to_string()),
         "message does not name {}: {msg}",
@@ -291,7 +302,7 @@ fn hf_truncated_safetensors() {
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
     let err = load_err(tmp.path());
-    assert!(matches!(err, ModelError::Config { .. }), "{err:?}");
+    assert!(matches!(err, ModelError::Safetensors { .. }), "{err:?}");
     assert_message(&err, &file, &["safetensors"]);
 }
 

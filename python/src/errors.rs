@@ -1,7 +1,9 @@
 //! The library's errors as Python exceptions, each carrying the library's message:
 //! `ValueError` for what the caller gave (bad ids, an empty prompt, a bad option or
 //! file), `FileNotFoundError` / `OSError` for files, `RuntimeError` for failures of
-//! the engine itself. No error crosses into Python as a panic.
+//! the engine itself. No error crosses into Python as a panic. Each message is the
+//! error's whole chain ([`error_chain`]): a library error keeps its cause as its
+//! `source`, not in its own message.
 
 use pyo3::exceptions::{PyFileNotFoundError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::PyErr;
@@ -25,18 +27,25 @@ fn io_error(e: &std::io::Error, message: String) -> PyErr {
 }
 
 pub fn model_error(e: ModelError) -> PyErr {
-    let message = e.to_string();
+    let message = error_chain(&e);
     match &e {
         ModelError::Io { source, .. } => io_error(source, message),
         ModelError::CorruptGguf { .. }
+        | ModelError::GgufTensor { .. }
         | ModelError::UnsupportedArchitecture { .. }
         | ModelError::Config { .. }
+        | ModelError::ConfigJson { .. }
+        | ModelError::Safetensors { .. }
         | ModelError::Rope { .. }
         | ModelError::MissingTensor { .. }
         | ModelError::ShapeMismatch { .. }
         | ModelError::MissingTokenizer { .. }
-        | ModelError::Tokenizer(_)
+        | ModelError::TokenizerFile { .. }
+        | ModelError::Tokenizer { .. }
+        | ModelError::TokenOutOfVocab { .. }
+        | ModelError::EmptyEncoding
         | ModelError::Template(_)
+        | ModelError::NoChatTemplate { .. }
         | ModelError::ContextOverflow { .. }
         | ModelError::UnusableTensor { .. } => PyValueError::new_err(message),
         _ => PyRuntimeError::new_err(message),
@@ -53,7 +62,7 @@ pub fn engine_error(e: EngineError) -> PyErr {
         | EngineError::EmptySequence(_)
         | EngineError::NeverFits { .. }
         | EngineError::WeightShape { .. }
-        | EngineError::StaleWeightVersion { .. }) => PyValueError::new_err(e.to_string()),
+        | EngineError::StaleWeightVersion { .. }) => PyValueError::new_err(error_chain(&e)),
         e => PyRuntimeError::new_err(error_chain(&e)),
     }
 }

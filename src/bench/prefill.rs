@@ -42,9 +42,7 @@ last, the fog that crept in from the south and swallowed the harbour bell. ";
 pub fn prefill_prompt(model: &LoadedModel, tokens: usize) -> Result<Vec<TokenId>, ModelError> {
     let once = model.tokenizer.encode_prompt(PREFILL_TEXT)?;
     if once.is_empty() {
-        return Err(ModelError::Tokenizer(
-            "the prefill text tokenised to nothing".into(),
-        ));
+        return Err(ModelError::EmptyEncoding);
     }
     Ok(once.iter().copied().cycle().take(tokens).collect())
 }

@@ -47,7 +47,7 @@ impl ChatTemplate {
             },
         );
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
-            .map_err(|e| ModelError::Template(e.to_string()))?;
+            .map_err(ModelError::Template)?;
         Ok(ChatTemplate {
             env,
             bos,
@@ -71,13 +71,13 @@ impl ChatTemplate {
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
-            .map_err(|e| ModelError::Template(e.to_string()))?;
+            .map_err(ModelError::Template)?;
         tmpl.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos,
             eos_token => self.eos,
         })
-        .map_err(|e| ModelError::Template(e.to_string()))
+        .map_err(ModelError::Template)
     }
 }

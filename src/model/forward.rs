@@ -147,10 +147,10 @@ impl Model {
             for (i, &t) in seq.tokens.iter().enumerate() {
                 let t = t as usize;
                 if t >= cfg.vocab_size {
-                    return Err(ModelError::Tokenizer(format!(
-                        "token id {t} is outside the vocabulary of {}",
-                        cfg.vocab_size
-                    )));
+                    return Err(ModelError::TokenOutOfVocab {
+                        token: t,
+                        vocab: cfg.vocab_size,
+                    });
                 }
                 x.extend_from_slice(&self.embedding[t * hidden..][..hidden]);
                 positions.push(seq.start + i);

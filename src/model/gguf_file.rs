@@ -303,9 +303,10 @@ pub fn read_tensor<R: Read + Seek>(
         .map_err(|e| ModelError::io(path, e))?;
     content
         .tensor(reader, name, &candle_core::Device::Cpu)
-        .map_err(|e| ModelError::CorruptGguf {
+        .map_err(|source| ModelError::GgufTensor {
             path: path.to_path_buf(),
-            msg: format!("tensor '{name}': {e}"),
+            name: name.to_string(),
+            source: Box::new(source),
         })
 }
 

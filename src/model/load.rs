@@ -77,12 +77,12 @@ impl LoadedModel {
     /// Renders `messages` with the chat template and tokenises the result, ready for
     /// the assistant's reply.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<TokenId>, ModelError> {
-        let tmpl = self.chat_template.as_ref().ok_or_else(|| {
-            ModelError::Template(format!(
-                "{} has no chat template (use a raw prompt instead)",
-                self.source.display()
-            ))
-        })?;
+        let tmpl = self
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| ModelError::NoChatTemplate {
+                path: self.source.clone(),
+            })?;
         let text = tmpl.render(messages, true)?;
         self.tokenizer.encode_prompt(&text)
     }

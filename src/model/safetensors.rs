@@ -52,9 +52,9 @@ struct HfConfig {
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ModelError> {
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-    serde_json::from_str(&text).map_err(|e| ModelError::Config {
+    serde_json::from_str(&text).map_err(|source| ModelError::ConfigJson {
         path: path.to_path_buf(),
-        msg: e.to_string(),
+        source,
     })
 }
 
@@ -235,10 +235,10 @@ impl SafetensorsSource {
                     std::io::Error::new(std::io::ErrorKind::NotFound, "shard not found"),
                 ));
             }
-            let loaded = candle_core::safetensors::load(f, &Device::Cpu).map_err(|e| {
-                ModelError::Config {
+            let loaded = candle_core::safetensors::load(f, &Device::Cpu).map_err(|source| {
+                ModelError::Safetensors {
                     path: f.clone(),
-                    msg: format!("not a readable safetensors file: {e}"),
+                    source,
                 }
             })?;
             tensors.extend(loaded);

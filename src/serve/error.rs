@@ -99,10 +99,15 @@ impl ServeError {
             Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             Engine(e) => engine_status(e),
             Rollout(RolloutError::Engine(e)) => engine_status(e),
-            Model(ModelError::ContextOverflow { .. } | ModelError::Tokenizer(_)) => {
+            Model(
+                ModelError::ContextOverflow { .. }
+                | ModelError::Tokenizer { .. }
+                | ModelError::TokenOutOfVocab { .. }
+                | ModelError::EmptyEncoding,
+            ) => StatusCode::BAD_REQUEST,
+            Model(ModelError::Template(_) | ModelError::NoChatTemplate { .. }) => {
                 StatusCode::BAD_REQUEST
             }
-            Model(ModelError::Template(_)) => StatusCode::BAD_REQUEST,
             Env(_) | Rollout(RolloutError::Config(_)) => StatusCode::BAD_REQUEST,
             Model(_) | Rollout(_) | Task(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

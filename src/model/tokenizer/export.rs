@@ -25,8 +25,11 @@ use crate::model::error::ModelError;
 const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
-fn export_err(e: impl std::fmt::Display) -> ModelError {
-    ModelError::Tokenizer(format!("cannot write the tokenizer as tokenizer.json: {e}"))
+fn export_err(source: tokenizers::Error) -> ModelError {
+    ModelError::Tokenizer {
+        context: "cannot write the tokenizer as tokenizer.json",
+        source,
+    }
 }
 
 fn bpe_to_hf(b: &BpeTokenizer) -> Result<tokenizers::Tokenizer, ModelError> {

@@ -65,7 +65,10 @@ impl Tokenizer {
                 // token, so for HF models `parse_special = false` is not honoured.
                 let enc = t
                     .encode(text, false)
-                    .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+                    .map_err(|source| ModelError::Tokenizer {
+                        context: "cannot encode the text",
+                        source,
+                    })?;
                 Ok(enc.get_ids().to_vec())
             }
         }
@@ -87,7 +90,10 @@ impl Tokenizer {
             Backend::Bpe(b) => Ok(b.decode(ids)),
             Backend::Hf(t) => t
                 .decode(ids, false)
-                .map_err(|e| ModelError::Tokenizer(e.to_string())),
+                .map_err(|source| ModelError::Tokenizer {
+                    context: "cannot decode the ids",
+                    source,
+                }),
         }
     }
 
@@ -156,12 +162,9 @@ pub fn gguf_tokenizer(md: &Metadata<'_>) -> Result<Tokenizer, ModelError> {
             PreTokenizer::known_names()
         ))
     })?;
-    let tokens = md
-        .strings("tokenizer.ggml.tokens")
-        .map_err(|e| missing(e.to_string()))?;
-    let merges = md
-        .strings("tokenizer.ggml.merges")
-        .map_err(|e| missing(e.to_string()))?;
+    // A missing or mistyped key is the metadata's own error, naming file and key.
+    let tokens = md.strings("tokenizer.ggml.tokens")?;
+    let merges = md.strings("tokenizer.ggml.merges")?;
     let types = match md.get("tokenizer.ggml.token_type") {
         Some(_) => md.ints("tokenizer.ggml.token_type")?,
         None => Vec::new(),
@@ -211,8 +214,8 @@ pub fn hf_tokenizer_file(path: &Path) -> Result<tokenizers::Tokenizer, ModelErro
             msg: "file not found".into(),
         });
     }
-    tokenizers::Tokenizer::from_file(path).map_err(|e| ModelError::MissingTokenizer {
+    tokenizers::Tokenizer::from_file(path).map_err(|source| ModelError::TokenizerFile {
         path: path.to_path_buf(),
-        msg: e.to_string(),
+        source,
     })
 }
