@@ -2,8 +2,9 @@
 //! what the engine owns and hands to [`Model::forward`](crate::model::Model::forward)
 //! as its [`KvStore`](crate::model::KvStore).
 //!
-//! A sequence is a [`BlockTable`] plus the token ids of its valid positions (needed to
-//! hash full blocks for the prefix index). Its life, as the engine drives it:
+//! A sequence is a [`BlockTable`](super::BlockTable) plus the token ids of its valid
+//! positions (needed to hash full blocks for the prefix index). Its life, as the
+//! engine drives it:
 //!
 //! 1. [`new_sequence`](KvCache::new_sequence), or [`start_sequence`](KvCache::start_sequence)
 //!    with a prompt (adopts the longest cached run of full blocks; only the rest is
@@ -122,7 +123,9 @@ impl TableState {
 /// Block counts and sizes at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct KvStats {
+    /// Blocks in the pool (fixed when the cache is made).
     pub num_blocks: usize,
+    /// Positions (token rows) per block.
     pub block_size: usize,
     /// Blocks referenced by at least one table or pin.
     pub in_use: usize,
@@ -134,7 +137,9 @@ pub struct KvStats {
     pub free: usize,
     /// Blocks in the prefix index (in use or cached).
     pub indexed: usize,
+    /// Bytes one block takes: keys and values of every layer for `block_size` positions.
     pub bytes_per_block: usize,
+    /// Bytes one position takes: keys and values of every layer.
     pub bytes_per_token: usize,
     /// Copy-on-write block copies so far.
     pub cow_copies: u64,

@@ -61,6 +61,8 @@ impl PinId {
         PinId(raw)
     }
 
+    /// The pin's number (a cache numbers its pins from 0 in the order
+    /// taken, never reusing one).
     pub fn raw(self) -> u64 {
         self.0
     }

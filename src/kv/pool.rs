@@ -69,6 +69,7 @@ impl BlockPool {
         self.reuse_cached_first = on;
     }
 
+    /// Blocks the pool manages, whatever their state.
     pub fn num_blocks(&self) -> usize {
         self.refcounts.len()
     }
@@ -156,6 +157,8 @@ impl BlockPool {
         self.index.lookup(tokens)
     }
 
+    /// How many holders reference `block` (0: free or cached). Panics if `block` is not
+    /// from this pool.
     pub fn refcount(&self, block: BlockId) -> u32 {
         self.refcounts[block.index()]
     }
@@ -170,6 +173,7 @@ impl BlockPool {
         &self.free
     }
 
+    /// Blocks on the free list.
     pub fn free_count(&self) -> usize {
         self.free.len()
     }
@@ -194,6 +198,7 @@ impl BlockPool {
         self.free.len() + self.cached.len()
     }
 
+    /// Whether `block` is unreferenced and kept for prefix reuse (evictable).
     pub fn is_cached(&self, block: BlockId) -> bool {
         self.cached.contains(&block)
     }
@@ -208,6 +213,7 @@ impl BlockPool {
         self.index.indexed_len()
     }
 
+    /// Cached blocks evicted to serve an allocation, since the pool was made.
     pub fn evictions(&self) -> u64 {
         self.evictions
     }

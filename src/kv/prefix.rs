@@ -69,6 +69,7 @@ pub struct PrefixIndex {
 }
 
 impl PrefixIndex {
+    /// An empty index over blocks of `block_size` positions.
     pub fn new(block_size: usize) -> Self {
         PrefixIndex {
             block_size,

@@ -27,6 +27,7 @@ pub struct Segment {
     pub parent: Option<SegmentId>,
     /// Index of this segment's first block in every table that shares it.
     pub start_block: usize,
+    /// The segment's blocks, in position order; all full.
     pub blocks: Vec<BlockId>,
     /// Token ids of the segment's positions (`blocks.len() * block_size`).
     pub tokens: Vec<TokenId>,
@@ -73,6 +74,7 @@ impl Segments {
             .expect("a live segment id")
     }
 
+    /// Adds one reference to a live segment (a new table, pin or child segment sharing it).
     pub fn retain(&mut self, id: SegmentId) {
         if let Some(s) = self.slots[id.0 as usize].as_mut() {
             s.refs += 1;
@@ -112,10 +114,12 @@ impl Segments {
             .filter_map(|(i, s)| s.as_ref().map(|s| (SegmentId(i as u32), s)))
     }
 
+    /// Live segments.
     pub fn len(&self) -> usize {
         self.slots.len() - self.free.len()
     }
 
+    /// Whether no segment is live.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

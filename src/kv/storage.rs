@@ -206,14 +206,17 @@ impl KvStorage {
         })
     }
 
+    /// Transformer layers, each with its own key and value buffers.
     pub fn num_layers(&self) -> usize {
         self.num_layers
     }
 
+    /// Values per position per layer, for keys and again for values (KV heads × head dim).
     pub fn kv_dim(&self) -> usize {
         self.kv_dim
     }
 
+    /// Positions (token rows) per block.
     pub fn block_size(&self) -> usize {
         self.block_size
     }
@@ -223,6 +226,7 @@ impl KvStorage {
         self.kv_heads
     }
 
+    /// Blocks the storage holds (what the budget allowed, fixed at creation).
     pub fn num_blocks(&self) -> usize {
         self.num_blocks
     }
@@ -277,7 +281,7 @@ impl KvStorage {
     /// command spent 5% of its CPU time there, all of it on the engine thread while
     /// the forward's other thread waited. Touched here, the same pages fault on every
     /// member at once, in runs of blocks, outside the forward's critical path. Each
-    /// page is touched by [`touch_page`]: a write access (so it faults the page in as
+    /// page is touched by `touch_page`: a write access (so it faults the page in as
     /// written) that leaves whatever the page holds, so the call is safe whichever
     /// blocks the caller has written.
     pub fn touch_ahead(&mut self, block: BlockId) {

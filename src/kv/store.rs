@@ -4,7 +4,8 @@
 //! `slot` is the raw value of a [`SeqId`] ([`SeqId::slot`]). `store` writes into the
 //! block row of `position` (copying the block first if it is shared); it fails with
 //! [`ModelError::KvStore`] if the position was not reserved. `chunks` returns one
-//! [`KvChunk`] per block (each `block_size` rows; the kernel reads only `len` rows).
+//! [`KvChunk`](crate::model::KvChunk) per block (each `block_size` rows; the kernel
+//! reads only `len` rows).
 
 use super::cache::KvCache;
 use super::ids::SeqId;

@@ -11,6 +11,8 @@ use super::ids::BlockId;
 /// The blocks of one sequence, in position order, and its number of valid positions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BlockTable {
+    /// The blocks holding positions `0..`, in order; may extend past `len` by reserved
+    /// blocks.
     pub blocks: Vec<BlockId>,
     /// Valid (committed) positions.
     pub len: usize,
@@ -22,6 +24,7 @@ pub fn blocks_for(tokens: usize, block_size: usize) -> usize {
 }
 
 impl BlockTable {
+    /// An empty table: no blocks, no positions.
     pub fn new() -> Self {
         Self::default()
     }

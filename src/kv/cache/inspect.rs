@@ -22,18 +22,22 @@ impl KvCache {
         &self.storage
     }
 
+    /// Positions (token rows) per block.
     pub fn block_size(&self) -> usize {
         self.storage.block_size()
     }
 
+    /// Blocks in the pool (fixed when the cache is made).
     pub fn num_blocks(&self) -> usize {
         self.storage.num_blocks()
     }
 
+    /// Bytes one block takes: keys and values of every layer for `block_size` positions.
     pub fn bytes_per_block(&self) -> usize {
         self.storage.bytes_per_block()
     }
 
+    /// Bytes one position takes: keys and values of every layer.
     pub fn bytes_per_token(&self) -> usize {
         self.storage.bytes_per_token()
     }
@@ -82,6 +86,8 @@ impl KvCache {
         self.pool.cached_count()
     }
 
+    /// Blocks on the free list (never allocated, or released while not in the
+    /// prefix index).
     pub fn free_blocks(&self) -> usize {
         self.pool.free_count()
     }
@@ -91,10 +97,12 @@ impl KvCache {
         self.pool.available_count()
     }
 
+    /// Whether `block` is unreferenced and kept for prefix reuse (evictable).
     pub fn is_cached(&self, block: BlockId) -> bool {
         self.pool.is_cached(block)
     }
 
+    /// Whether `block` is in the prefix index (full, hashed, and so immutable).
     pub fn is_indexed(&self, block: BlockId) -> bool {
         self.pool.is_indexed(block)
     }
@@ -104,6 +112,7 @@ impl KvCache {
         self.pool.cached_blocks().collect()
     }
 
+    /// Block counts, sizes and counters now. O(pinned blocks), for the pinned count.
     pub fn stats(&self) -> KvStats {
         KvStats {
             num_blocks: self.num_blocks(),
@@ -187,14 +196,19 @@ impl KvCache {
         Ok(self.table_of(self.seq(seq)?))
     }
 
+    /// The pinned prefix's block table (assembled: O(blocks)); an error if the pin is
+    /// unknown.
     pub fn pin_table(&self, pin: PinId) -> Result<BlockTable, KvError> {
         Ok(self.table_of(self.pin_state(pin)?))
     }
 
+    /// Token ids of the pinned prefix (assembled: O(length)); an error if the pin is
+    /// unknown.
     pub fn pin_tokens(&self, pin: PinId) -> Result<Vec<TokenId>, KvError> {
         Ok(self.tokens_of(self.pin_state(pin)?))
     }
 
+    /// Whether `seq` is a live sequence (created and not freed).
     pub fn contains(&self, seq: SeqId) -> bool {
         self.seqs.contains_key(&seq)
     }
