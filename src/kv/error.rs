@@ -42,8 +42,9 @@ pub enum KvError {
     BadLayer { layer: usize, num_layers: usize },
     #[error("a KV row has {found} floats but kv_dim is {expected}")]
     RowWidth { expected: usize, found: usize },
-    #[error("invalid KV config: {0}")]
-    InvalidConfig(String),
+    /// A pool shape that cannot be laid out; what is wrong is the source.
+    #[error("invalid KV config")]
+    InvalidConfig(#[source] KvConfigError),
     #[error("a KV budget of {budget_bytes} bytes holds no block of {bytes_per_block} bytes")]
     BudgetTooSmall {
         budget_bytes: usize,
@@ -51,6 +52,32 @@ pub enum KvError {
     },
     #[error("cannot allocate the KV pool ({bytes} bytes)")]
     Alloc { bytes: usize },
+}
+
+/// What is wrong with a KV pool's shape ([`KvError::InvalidConfig`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KvConfigError {
+    /// The row of `kv_dim` values does not split evenly into the KV heads.
+    #[error("kv_dim {kv_dim} does not split into {kv_heads} KV heads")]
+    HeadSplit { kv_dim: usize, kv_heads: usize },
+    /// An f16 block must fill whole f32 words (the storage is f32).
+    #[error("an f16 block of {block_size} rows of {kv_dim} is not a whole number of f32 words")]
+    OddF16Block { block_size: usize, kv_dim: usize },
+    /// A size of zero.
+    #[error(
+        "block_size {block_size}, num_layers {num_layers} and kv_dim {kv_dim} must all be positive"
+    )]
+    ZeroSize {
+        block_size: usize,
+        num_layers: usize,
+        kv_dim: usize,
+    },
+    /// A block's size in bytes does not fit `usize`.
+    #[error("the size of a block overflows")]
+    BlockOverflow,
+    /// More blocks than a `BlockId` (a `u32`) can name.
+    #[error("{blocks} blocks exceed the {} a BlockId can name", u32::MAX)]
+    TooManyBlocks { blocks: usize },
 }
 
 /// A paged-cache error met inside a forward, kept whole as the model error's source.

@@ -49,7 +49,7 @@ pub mod store;
 pub mod table;
 
 pub use cache::{KvCache, KvStats};
-pub use error::KvError;
+pub use error::{KvConfigError, KvError};
 pub use ids::{BlockId, PinId, SeqId};
 pub use pool::BlockPool;
 pub use prefix::{BlockHash, PrefixIndex};

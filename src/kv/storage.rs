@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use super::error::KvError;
+use super::error::{KvConfigError, KvError};
 use super::ids::BlockId;
 use half::f16;
 
@@ -153,25 +153,27 @@ impl KvStorage {
         kv_heads: usize,
     ) -> Result<Self, KvError> {
         if kv_heads == 0 || !kv_dim.is_multiple_of(kv_heads) {
-            return Err(KvError::InvalidConfig(format!(
-                "kv_dim {kv_dim} does not split into {kv_heads} KV heads"
-            )));
+            return Err(KvError::InvalidConfig(KvConfigError::HeadSplit {
+                kv_dim,
+                kv_heads,
+            }));
         }
         if config.format == KvFormat::F16 && !(config.block_size * kv_dim).is_multiple_of(2) {
-            return Err(KvError::InvalidConfig(format!(
-                "an f16 block of {} rows of {kv_dim} is not a whole number of f32 words",
-                config.block_size
-            )));
+            return Err(KvError::InvalidConfig(KvConfigError::OddF16Block {
+                block_size: config.block_size,
+                kv_dim,
+            }));
         }
         if config.block_size == 0 || num_layers == 0 || kv_dim == 0 {
-            return Err(KvError::InvalidConfig(format!(
-                "block_size {}, num_layers {num_layers} and kv_dim {kv_dim} must all be positive",
-                config.block_size
-            )));
+            return Err(KvError::InvalidConfig(KvConfigError::ZeroSize {
+                block_size: config.block_size,
+                num_layers,
+                kv_dim,
+            }));
         }
         let bytes_per_block =
             Self::block_bytes(num_layers, config.block_size, kv_dim, config.format)
-                .ok_or_else(|| KvError::InvalidConfig("block size overflows".into()))?;
+                .ok_or(KvError::InvalidConfig(KvConfigError::BlockOverflow))?;
         let num_blocks = config.budget_bytes / bytes_per_block;
         if num_blocks == 0 {
             return Err(KvError::BudgetTooSmall {
@@ -180,10 +182,9 @@ impl KvStorage {
             });
         }
         if num_blocks > u32::MAX as usize {
-            return Err(KvError::InvalidConfig(format!(
-                "{num_blocks} blocks exceed the {} a BlockId can name",
-                u32::MAX
-            )));
+            return Err(KvError::InvalidConfig(KvConfigError::TooManyBlocks {
+                blocks: num_blocks,
+            }));
         }
         // Fits: num_blocks * bytes_per_block <= budget_bytes.
         let floats = num_blocks * config.block_size * kv_dim * config.format.bytes() / 4;
