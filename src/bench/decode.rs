@@ -69,7 +69,10 @@ pub async fn engine_decode_tokens_per_second(
     }
     let mut tokens = 0;
     while let Some(joined) = jobs.join_next().await {
-        let gen = joined.map_err(|e| EngineError::Failed(format!("decode task: {e}")))??;
+        let gen = joined.map_err(|source| EngineError::Task {
+            task: "decode",
+            source,
+        })??;
         // The first token came from the prefill: count decode forwards only.
         tokens += gen.tokens.len().saturating_sub(1);
     }

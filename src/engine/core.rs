@@ -590,7 +590,7 @@ impl EngineCore {
     /// generation through `take_finished`. With nobody waiting yet (a prompt or an
     /// appended observation failed before the caller asked for it) the next call on
     /// the sequence reports it.
-    pub(super) fn fail(&mut self, seq: SeqId, err: EngineError) {
+    pub(super) fn fail(&mut self, seq: SeqId, mut err: EngineError) {
         let prefills = self.flushing.iter().filter(|&&q| q == seq).count();
         self.flushing.retain(|&q| q != seq);
         for _ in 0..prefills {

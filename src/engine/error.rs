@@ -68,8 +68,18 @@ pub enum EngineError {
     StaleWeightVersion { offered: u64, serving: u64 },
     #[error("weights cannot be swapped while {pins} pins hold KV computed under the old ones")]
     SwapWithPins { pins: usize },
-    #[error("{0}")]
-    Failed(String),
+    /// A task the engine's caller spawned (loading weights on a blocking thread,
+    /// one of a benchmark's generations) panicked or was cancelled.
+    #[error("the {task} task failed")]
+    Task {
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// The same failure as another waiter on the same work got (see
+    /// [`EngineError::replicate`]): it displays and chains exactly as the original.
+    #[error(transparent)]
+    Shared(Arc<EngineError>),
     #[error("the engine thread has stopped")]
     Stopped,
     #[error("cannot start the engine thread")]
@@ -85,19 +95,32 @@ pub enum EngineError {
 
 impl EngineError {
     /// The same error for a second waiter on the same work (several callers waiting
-    /// on one prefill). Every variant the scheduler reports is reproduced exactly; a
-    /// model error other than a context overflow (a failed forward: I/O-free but not
-    /// clonable) keeps its message.
-    pub fn replicate(&self) -> EngineError {
+    /// on one prefill). Every variant the scheduler reports is reproduced exactly. One
+    /// whose cause cannot be cloned (a model error other than a context overflow, an
+    /// I/O or task failure) first moves behind an `Arc`, in `self` too, as
+    /// [`EngineError::Shared`]: both then display and chain as the original did, and
+    /// the cause stays whole (a `source`, never a copy of its text).
+    pub fn replicate(&mut self) -> EngineError {
+        if let Some(copy) = self.clone_exact() {
+            return copy;
+        }
+        let original = std::mem::replace(self, EngineError::Stopped);
+        let shared = Arc::new(original);
+        *self = EngineError::Shared(Arc::clone(&shared));
+        EngineError::Shared(shared)
+    }
+
+    /// An exact copy, where every field of the variant can be cloned.
+    fn clone_exact(&self) -> Option<EngineError> {
         use EngineError::*;
-        match self {
+        Some(match self {
             Model(ModelError::ContextOverflow { tokens, max }) => {
                 Model(ModelError::ContextOverflow {
                     tokens: *tokens,
                     max: *max,
                 })
             }
-            Model(other) => Failed(other.to_string()),
+            Model(_) | Task { .. } | Spawn(_) | StepLog { .. } => return None,
             Kv(e) => Kv(e.clone()),
             UnknownSequence(s) => UnknownSequence(*s),
             Busy(s) => Busy(*s),
@@ -134,23 +157,20 @@ impl EngineError {
                 serving: *serving,
             },
             SwapWithPins { pins } => SwapWithPins { pins: *pins },
-            Failed(m) => Failed(m.clone()),
+            Shared(e) => Shared(Arc::clone(e)),
             Stopped => Stopped,
-            Spawn(e) => Failed(format!("cannot start the engine thread: {e}")),
-            StepLog { path, source } => Failed(format!(
-                "cannot create the step log {}: {source}",
-                path.display()
-            )),
-        }
+        })
     }
 
     /// Whether this is a limit of one sequence (it cannot fit the KV pool or the
     /// context window): the caller's other sequences are unaffected, so a rollout
     /// records the branch as failed and goes on.
     pub fn is_sequence_limit(&self) -> bool {
-        matches!(
-            self,
-            EngineError::NeverFits { .. } | EngineError::Model(ModelError::ContextOverflow { .. })
-        )
+        match self {
+            EngineError::NeverFits { .. }
+            | EngineError::Model(ModelError::ContextOverflow { .. }) => true,
+            EngineError::Shared(e) => e.is_sequence_limit(),
+            _ => false,
+        }
     }
 }

@@ -231,7 +231,10 @@ impl Engine {
             LoadedModel::load(&path).and_then(|m| m.with_precision(precision))
         })
         .await
-        .map_err(|e| EngineError::Failed(format!("the weight loading task failed: {e}")))??;
+        .map_err(|source| EngineError::Task {
+            task: "weight loading",
+            source,
+        })??;
         self.call(|r| Command::LoadWeights(loaded.model, version, r))
             .await
     }
@@ -365,9 +368,9 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
                 let _ = reply.send(result);
             }
         }
-        for (seq, result) in core.take_flushed() {
+        for (seq, mut result) in core.take_flushed() {
             for reply in waiters.prefills.remove(&seq).unwrap_or_default() {
-                let _ = reply.send(match &result {
+                let _ = reply.send(match &mut result {
                     Ok(()) => Ok(()),
                     Err(e) => Err(e.replicate()),
                 });

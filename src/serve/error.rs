@@ -164,6 +164,7 @@ impl IntoResponse for ServeError {
                 "type": self.kind(),
                 "param": self.param(),
                 "code": status.as_u16(),
+        Shared(original) => engine_status(original),
             }
         });
         let mut response = (status, Json(body)).into_response();
