@@ -90,7 +90,7 @@ fn bad_data_files_are_errors() {
     );
     assert!(matches!(
         Corpus::load_jsonl(&p),
-        Err(EnvError::BadRecord { line: 3, .. })
+        Err(EnvError::JsonLine { line: 3, .. })
     ));
     let p = write(
         "dup.jsonl",

@@ -68,10 +68,12 @@ pub fn engine_error(e: EngineError) -> PyErr {
 }
 
 pub fn env_error(e: EnvError) -> PyErr {
-    let message = e.to_string();
+    let message = error_chain(&e);
     match &e {
         EnvError::Io { source, .. } => io_error(source, message),
-        EnvError::BadRecord { .. } | EnvError::Config(_) => PyValueError::new_err(message),
+        EnvError::BadRecord { .. } | EnvError::JsonLine { .. } | EnvError::Config(_) => {
+            PyValueError::new_err(message)
+        }
         _ => PyRuntimeError::new_err(message),
     }
 }

@@ -30,7 +30,7 @@ impl Tool for CalcTool {
     }
 
     async fn call(&self, input: &str) -> Result<String, ToolError> {
-        calculate(input).map_err(|e| ToolError::InvalidInput(e.to_string()))
+        Ok(calculate(input)?)
     }
 }
 

@@ -13,20 +13,30 @@ use crate::env::ids::SampleId;
 /// Misuse of the env layer.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvError {
-    /// A data file could not be read or written.
-    #[error("cannot {op} {}: {source}", .path.display())]
+    /// A data file could not be read or written (the cause is the `source`, printed
+    /// once by a chain-printing caller).
+    #[error("cannot {op} {}", .path.display())]
     Io {
         op: &'static str,
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    /// One line of a JSONL data file is not a valid record.
+    /// One line of a JSONL data file is a record whose values are unusable (`reason`
+    /// says which).
     #[error("{}:{line}: {reason}", .path.display())]
     BadRecord {
         path: PathBuf,
         line: usize,
         reason: String,
+    },
+    /// One line of a JSONL data file is not JSON of the record's shape.
+    #[error("{}:{line}: not a valid record", .path.display())]
+    JsonLine {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
     },
     /// A configuration value (tags, sizes, limits) is unusable.
     #[error("invalid configuration: {0}")]
@@ -49,13 +59,24 @@ impl EnvError {
     }
 }
 
-/// A tool's own failure. The environment turns it into observation text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// A tool's own failure. The environment turns it into observation text: the
+/// message and its causes (see [`crate::env::run_tool`]).
+#[derive(Debug, thiserror::Error)]
 pub enum ToolError {
-    /// The input (query, expression) was rejected.
+    /// The input (query, expression) was rejected; the message says why.
     #[error("invalid input: {0}")]
     InvalidInput(String),
-    /// The tool failed for its own reasons (backend down, I/O, ...).
+    /// The calculator's expression does not evaluate (its error is the source).
+    #[error("invalid input")]
+    Calc(#[from] super::calc_eval::CalcError),
+    /// The tool failed for its own reasons (backend down, ...), told by its message.
     #[error("{0}")]
     Failed(String),
+    /// The task a tool ran its work on panicked or was cancelled.
+    #[error("the {tool} task failed")]
+    Task {
+        tool: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
 }

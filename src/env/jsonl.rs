@@ -40,10 +40,10 @@ pub fn parse_jsonl_lines<T: DeserializeOwned>(
         if line.trim().is_empty() {
             continue;
         }
-        let record = serde_json::from_str(line).map_err(|e| EnvError::BadRecord {
+        let record = serde_json::from_str(line).map_err(|source| EnvError::JsonLine {
             path: path.to_owned(),
             line: i + 1,
-            reason: e.to_string(),
+            source,
         })?;
         out.push((i + 1, record));
     }

@@ -91,7 +91,10 @@ impl Tool for SearchTool {
             }
         })
         .await
-        .map_err(|e| ToolError::Failed(format!("search task failed: {e}")))?;
+        .map_err(|source| ToolError::Task {
+            tool: "search",
+            source,
+        })?;
         Ok(text)
     }
 }
