@@ -16,19 +16,25 @@ use super::kv_store::{KvChunk, KvChunks, KvStore};
 /// Where one sequence's new tokens sit in a flattened batch.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqSpan {
+    /// The sequence's slot in the [`KvStore`] its keys and values are kept in.
     pub slot: usize,
     /// Position of the first new token.
     pub start: usize,
     /// Index of the first new token's row in the flattened batch.
     pub row: usize,
+    /// Number of new tokens (rows) of the sequence in this batch.
     pub len: usize,
 }
 
 /// Shapes the kernel needs.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
+    /// Query heads.
     pub num_heads: usize,
+    /// Key/value heads; divides `num_heads` (each serves `num_heads / num_kv_heads`
+    /// query heads).
     pub num_kv_heads: usize,
+    /// Values per head (of a query, key or value).
     pub head_dim: usize,
 }
 
@@ -90,6 +96,9 @@ pub struct AttentionPlan<'a> {
 }
 
 impl<'a> AttentionPlan<'a> {
+    /// Plans one layer's attention for the sequences of `spans`, reading each one's
+    /// cached keys and values of `layer` from `store` (the new tokens' rows written
+    /// already).
     pub fn new(
         store: &'a dyn KvStore,
         layer: usize,

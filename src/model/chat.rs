@@ -9,11 +9,14 @@ use super::error::ModelError;
 /// One chat turn as the template consumes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
+    /// Who speaks: `system`, `user`, `assistant` or `tool`, as the template expects.
     pub role: String,
+    /// The turn's text.
     pub content: String,
 }
 
 impl ChatMessage {
+    /// A turn of `role` saying `content`.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         ChatMessage {
             role: role.into(),

@@ -32,22 +32,37 @@ pub enum RopeStyle {
 /// Everything the forward pass needs to know about the network's shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelConfig {
+    /// Which decoder family (and so which biases) the weights follow.
     pub architecture: Architecture,
+    /// Tokens in the vocabulary: rows of the embedding and of the output head.
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Width of the MLP's gate and up projections.
     pub intermediate_size: usize,
+    /// Transformer blocks.
     pub num_layers: usize,
+    /// Query heads per layer.
     pub num_heads: usize,
+    /// Key/value heads per layer (fewer than `num_heads` under grouped-query attention;
+    /// divides it).
     pub num_kv_heads: usize,
+    /// Values per attention head.
     pub head_dim: usize,
+    /// Epsilon added to the mean square in every RMSNorm.
     pub rms_norm_eps: f64,
+    /// RoPE's base: dimension pair `i` of a head rotates at `rope_theta^(-2i/head_dim)`
+    /// radians per position.
     pub rope_theta: f32,
     /// Long-context rescaling of RoPE's frequencies (absent in files written before
     /// it existed: none).
     #[serde(default)]
     pub rope_scaling: RopeScaling,
+    /// Which dimensions RoPE rotates together (see [`RopeStyle`]).
     pub rope_style: RopeStyle,
+    /// The context window, in tokens: positions `0..max_position_embeddings`.
     pub max_position_embeddings: usize,
+    /// The output head reuses the token embedding matrix (no separate `lm_head`).
     pub tie_word_embeddings: bool,
 }
 

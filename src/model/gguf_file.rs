@@ -312,7 +312,9 @@ pub fn read_tensor<R: Read + Seek>(
 
 /// Typed metadata access with errors naming the file and key.
 pub struct Metadata<'a> {
+    /// The parsed header: metadata and tensor infos.
     pub content: &'a Content,
+    /// The file it came from, named in every error.
     pub path: &'a Path,
 }
 
@@ -324,10 +326,12 @@ impl Metadata<'_> {
         }
     }
 
+    /// The raw value of `key`, `None` if absent.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.content.metadata.get(key)
     }
 
+    /// The string at `key`; an error if it is absent or not a string.
     pub fn string(&self, key: &str) -> Result<&str, ModelError> {
         match self.get(key) {
             Some(Value::String(s)) => Ok(s),
@@ -336,6 +340,8 @@ impl Metadata<'_> {
         }
     }
 
+    /// The non-negative integer at `key`, of any integer type; an error if it is absent,
+    /// negative, not an integer or too large for `usize`.
     pub fn usize(&self, key: &str) -> Result<usize, ModelError> {
         let v = self
             .get(key)
@@ -354,6 +360,7 @@ impl Metadata<'_> {
         usize::try_from(n).map_err(|_| self.missing(key, "is too large"))
     }
 
+    /// As [`Self::usize`], but `None` when `key` is absent.
     pub fn opt_usize(&self, key: &str) -> Result<Option<usize>, ModelError> {
         if self.get(key).is_none() {
             return Ok(None);
@@ -361,6 +368,7 @@ impl Metadata<'_> {
         self.usize(key).map(Some)
     }
 
+    /// The float (f32 or f64) at `key`; an error if it is absent or not a float.
     pub fn f64(&self, key: &str) -> Result<f64, ModelError> {
         match self.get(key) {
             Some(Value::F32(x)) => Ok(*x as f64),
@@ -370,6 +378,7 @@ impl Metadata<'_> {
         }
     }
 
+    /// The boolean at `key`; `None` if it is absent or not a boolean.
     pub fn bool(&self, key: &str) -> Option<bool> {
         match self.get(key) {
             Some(Value::Bool(b)) => Some(*b),
@@ -377,6 +386,8 @@ impl Metadata<'_> {
         }
     }
 
+    /// The array of strings at `key`; an error if it is absent, not an array, or holds
+    /// anything else.
     pub fn strings(&self, key: &str) -> Result<Vec<String>, ModelError> {
         match self.get(key) {
             Some(Value::Array(vs)) => vs
@@ -391,6 +402,8 @@ impl Metadata<'_> {
         }
     }
 
+    /// The array of integers (8, 32 or 64 bits) at `key`; an error if it is absent, not an
+    /// array, or holds anything else.
     pub fn ints(&self, key: &str) -> Result<Vec<i64>, ModelError> {
         match self.get(key) {
             Some(Value::Array(vs)) => vs

@@ -31,6 +31,7 @@ impl KvFormat {
         }
     }
 
+    /// `f32` or `f16`, as reports print it.
     pub fn name(self) -> &'static str {
         match self {
             KvFormat::F32 => "f32",

@@ -14,7 +14,9 @@ use super::error::ModelError;
 /// rows contiguous, the paged cache's blocks). Values are laid out as the keys.
 #[derive(Debug)]
 pub struct KvChunk<'a, T = f32> {
+    /// The run's keys, laid out as the type's docs say.
     pub keys: &'a [T],
+    /// The run's values, laid out as the keys.
     pub values: &'a [T],
     /// 1 for plain rows, else the number of KV heads stored one after the other.
     pub heads: usize,
@@ -33,7 +35,9 @@ impl<T> Copy for KvChunk<'_, T> {}
 /// number format.
 #[derive(Debug)]
 pub enum KvChunks<'a> {
+    /// Runs of a store keeping keys and values in f32.
     F32(Vec<KvChunk<'a, f32>>),
+    /// Runs of a store keeping keys and values in f16.
     F16(Vec<KvChunk<'a, f16>>),
 }
 
@@ -46,6 +50,7 @@ impl<'a> KvChunks<'a> {
         }
     }
 
+    /// Whether there is no run (nothing cached).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -149,6 +154,8 @@ pub struct DenseKvStore {
 }
 
 impl DenseKvStore {
+    /// An empty store for a model of `num_layers` layers and `kv_dim` floats of keys (and
+    /// of values) per position.
     pub fn new(num_layers: usize, kv_dim: usize) -> Self {
         DenseKvStore {
             num_layers,
@@ -172,6 +179,7 @@ impl DenseKvStore {
             .map_or(0, |(k, _)| k.len() / self.kv_dim.max(1))
     }
 
+    /// Whether `slot` holds no position (also for an unknown slot).
     pub fn is_empty(&self, slot: usize) -> bool {
         self.len(slot) == 0
     }

@@ -2,7 +2,7 @@
 //! forward ([`Model::forward_into`]) and the trainer's (`train::native`) run, so the
 //! trainer's log-probabilities are the engine's bit for bit on the same weights.
 //!
-//! A layer is two runs of the process's [`team`](super::team) (norm → Q/K/V → RoPE;
+//! A layer is two runs of the process's [`team`] (norm → Q/K/V → RoPE;
 //! then attention → O + residual → norm → gate/up → SwiGLU → down + residual), with
 //! the KV writes on the calling thread between them. With a [`LayerRecord`] the same
 //! run also keeps what a backward needs and the buffers would overwrite: the first
@@ -26,16 +26,25 @@ use super::team::{self, Member, SharedBuf};
 /// gate projection (SwiGLU's output instead when not recording), `u` the up one.
 #[derive(Debug)]
 pub struct LayerBuffers {
+    /// `[rows, hidden_size]`: the second RMSNorm's output (the MLP's input).
     pub h: Vec<f32>,
+    /// `[rows, num_heads × head_dim]`: queries after RoPE.
     pub q: Vec<f32>,
+    /// `[rows, kv_dim]`: keys after RoPE.
     pub k: Vec<f32>,
+    /// `[rows, kv_dim]`: values.
     pub v: Vec<f32>,
+    /// `[rows, num_heads × head_dim]`: attention's output, before the O projection.
     pub attn: Vec<f32>,
+    /// `[rows, intermediate_size]`: the gate projection (SwiGLU's output when not
+    /// recording).
     pub g: Vec<f32>,
+    /// `[rows, intermediate_size]`: the up projection.
     pub u: Vec<f32>,
 }
 
 impl LayerBuffers {
+    /// Zeroed buffers for `rows` tokens of a model shaped as `cfg`.
     pub fn new(cfg: &ModelConfig, rows: usize) -> Self {
         let (hidden, q_dim, kv_dim, ff) = (
             cfg.hidden_size,

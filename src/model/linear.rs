@@ -32,6 +32,7 @@ enum LinearWeight {
 }
 
 impl Linear {
+    /// A layer over a packed matrix, run by our batch-invariant kernels; no bias.
     pub fn packed(weight: PackedMatrix) -> Self {
         Linear {
             in_features: weight.in_features(),
@@ -70,10 +71,12 @@ impl Linear {
         self
     }
 
+    /// Input width: the columns of `W`.
     pub fn in_features(&self) -> usize {
         self.in_features
     }
 
+    /// Output width: the rows of `W`.
     pub fn out_features(&self) -> usize {
         self.out_features
     }

@@ -13,9 +13,14 @@ use super::TokenId;
 /// A model ready to run: shared weights, tokenizer, chat template.
 #[derive(Debug)]
 pub struct LoadedModel {
+    /// The network and its weights, shared with the engines that serve it.
     pub model: Arc<Model>,
+    /// The model's tokenizer.
     pub tokenizer: Tokenizer,
+    /// The model's chat template; `None` if it has none ([`LoadedModel::chat_prompt`] then
+    /// fails with `NoChatTemplate`).
     pub chat_template: Option<ChatTemplate>,
+    /// The `.gguf` file or HF directory it was loaded from.
     pub source: PathBuf,
 }
 

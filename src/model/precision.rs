@@ -18,12 +18,15 @@ use std::str::FromStr;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
+    /// f32 activations against each weight's exact value (see the module docs).
     #[default]
     Exact,
+    /// 8-bit activations on the Q4_0, Q4_1 and Q8_0 layers, as llama.cpp computes.
     Fast,
 }
 
 impl Precision {
+    /// `exact` or `fast`, as `--precision` takes it.
     pub fn name(self) -> &'static str {
         match self {
             Precision::Exact => "exact",

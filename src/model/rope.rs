@@ -25,9 +25,16 @@ pub enum RopeScaling {
     /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, a smooth
     /// blend between (transformers' `_compute_llama3_parameters`).
     Llama3 {
+        /// How much longer the new context is than the original: low frequencies are divided
+        /// by it.
         factor: f32,
+        /// Wavelengths above `original_max_position_embeddings / low_freq_factor` positions
+        /// are fully rescaled.
         low_freq_factor: f32,
+        /// Wavelengths below `original_max_position_embeddings / high_freq_factor` positions
+        /// are kept as they are.
         high_freq_factor: f32,
+        /// The context window, in tokens, the model was pretrained with.
         original_max_position_embeddings: usize,
     },
 }
@@ -70,12 +77,25 @@ pub fn inverse_frequencies(head_dim: usize, theta: f32, scaling: &RopeScaling) -
 /// A checkpoint's RoPE fields that cannot be served as they are.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum RopeConfigError {
+    /// The checkpoint names a `rope_type` other than `default` and `llama3`.
     #[error("rope_type '{0}' is not supported (supported: default, llama3)")]
     UnsupportedType(String),
+    /// A RoPE field is missing, not a number, or out of range.
     #[error("{field}: {problem}")]
-    BadField { field: String, problem: String },
+    BadField {
+        /// The field's path in `config.json`, e.g. `rope_scaling.factor`.
+        field: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// The top-level `rope_theta` and the one in `rope_parameters` disagree.
     #[error("rope_theta is {top_level} at the top level but {in_parameters} in rope_parameters")]
-    ConflictingTheta { top_level: f32, in_parameters: f32 },
+    ConflictingTheta {
+        /// The top-level `rope_theta`.
+        top_level: f32,
+        /// `rope_parameters.rope_theta`.
+        in_parameters: f32,
+    },
 }
 
 fn bad(field: &str, problem: impl Into<String>) -> RopeConfigError {

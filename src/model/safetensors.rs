@@ -1,6 +1,7 @@
 //! Loads an HF model directory: `config.json`, `model.safetensors` (or a sharded
 //! `model.safetensors.index.json`), `tokenizer.json` and `tokenizer_config.json`.
-//! Weights in f32, f16 or bf16 are converted to f32.
+//! Matrices keep bf16 and f16 as stored (the kernels widen them exactly when read);
+//! every other weight (norms, embeddings, other dtypes) is converted to f32.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -19,8 +20,12 @@ use super::TokenId;
 
 /// What an HF directory holds that we use.
 pub struct HfModel {
+    /// The network; matrices keep bf16 and f16 as stored, other dtypes become f32.
     pub model: Model,
+    /// The tokenizer from `tokenizer.json`.
     pub tokenizer: Tokenizer,
+    /// The chat template (`chat_template.jinja`, else `tokenizer_config.json`), `None`
+    /// if the directory has none.
     pub chat_template: Option<ChatTemplate>,
 }
 

@@ -156,6 +156,7 @@ impl Team {
         Team::new(threads_from_env())
     }
 
+    /// Members in the team, the calling thread included.
     pub fn size(&self) -> usize {
         self.shared.size
     }
@@ -297,6 +298,7 @@ pub struct SharedBuf<'a> {
 unsafe impl Sync for SharedBuf<'_> {}
 
 impl<'a> SharedBuf<'a> {
+    /// Shares `buf` with the team's members for as long as it is borrowed.
     pub fn new(buf: &'a mut [f32]) -> Self {
         SharedBuf {
             ptr: buf.as_mut_ptr(),
@@ -326,6 +328,7 @@ impl<'a> SharedBuf<'a> {
         self.len
     }
 
+    /// Whether the buffer holds no value.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -119,14 +119,17 @@ impl Int8Matrix {
         self.source
     }
 
+    /// Output features: the matrix's rows.
     pub fn out_features(&self) -> usize {
         self.out
     }
 
+    /// Input features: the matrix's columns (a multiple of 32).
     pub fn in_features(&self) -> usize {
         self.inp
     }
 
+    /// Number of [`PANEL`]-wide output panels.
     pub fn panels(&self) -> usize {
         self.panels
     }

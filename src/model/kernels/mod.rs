@@ -67,16 +67,21 @@ pub(crate) const MAX_TILE: usize = 24;
 /// An instruction set a kernel variant is written for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Isa {
+    /// AVX-512F (x86-64).
     Avx512,
+    /// AVX2 with FMA and F16C (x86-64).
     Avx2,
+    /// Plain Rust, runs anywhere: the reference the other variants are tested against.
     Scalar,
 }
 
 /// Why a kernel variant cannot be selected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelError {
+    /// The variant asked for needs instructions this CPU lacks.
     #[error("this CPU cannot run the {0:?} kernels")]
     Unavailable(Isa),
+    /// A kernel name other than `avx512`, `avx2` or `scalar`.
     #[error("unknown kernel `{0}` (expected avx512, avx2 or scalar)")]
     Unknown(String),
 }
@@ -113,6 +118,7 @@ impl Isa {
             .unwrap_or(Isa::Scalar)
     }
 
+    /// The variant's name: `avx512`, `avx2` or `scalar` (what `TREEGRPO_KERNEL` takes).
     pub fn name(self) -> &'static str {
         match self {
             Isa::Avx512 => "avx512",
@@ -162,6 +168,8 @@ impl Isa {
 /// One matmul call reports each (row, panel) exactly once, so sinks that write disjoint
 /// places per (row, panel) may be shared by the threads splitting the panels.
 pub trait TileSink: Sync {
+    /// Takes rows `r0..r0 + nr` × panels `p0..p0 + np` of results, `acc[r * np + j]`
+    /// holding row `r0 + r`'s [`PANEL`] outputs of panel `p0 + j`.
     fn tile(&self, r0: usize, nr: usize, p0: usize, np: usize, acc: &[[f32; PANEL]]);
 }
 

@@ -28,8 +28,11 @@ pub const BLOCK: usize = 32;
 /// How a matrix's weights are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WeightFormat {
+    /// 32-bit floats.
     F32,
+    /// bfloat16, widened to f32 exactly when read.
     Bf16,
+    /// IEEE half precision, widened to f32 exactly when read.
     F16,
     /// ggml Q4_0: `w = (q − 8) · d`.
     Q4_0,
@@ -64,22 +67,40 @@ impl WeightFormat {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PackError {
     #[error("a {format:?} matrix needs an input width that is a multiple of 32, not {inp}")]
-    RaggedBlocks { format: WeightFormat, inp: usize },
+    /// A block format's input width is not a multiple of [`BLOCK`].
+    RaggedBlocks {
+        /// The block format.
+        format: WeightFormat,
+        /// The input width given.
+        inp: usize,
+    },
+    /// The ggml block bytes given do not match the matrix's shape.
     #[error("{format:?} [{out}, {inp}] needs {expected} bytes of ggml blocks, got {got}")]
     WrongByteCount {
+        /// The block format.
         format: WeightFormat,
+        /// Output features (rows).
         out: usize,
+        /// Input features (columns).
         inp: usize,
+        /// Bytes the shape needs.
         expected: usize,
+        /// Bytes given.
         got: usize,
     },
+    /// The dense values given do not number `out × inp`.
     #[error("a [{out}, {inp}] matrix needs {expected} values, got {got}")]
     WrongValueCount {
+        /// Output features (rows).
         out: usize,
+        /// Input features (columns).
         inp: usize,
+        /// `out × inp`.
         expected: usize,
+        /// Values given.
         got: usize,
     },
+    /// A dense format where a ggml block format (Q4_0, Q4_1, Q8_0) is needed.
     #[error("{0:?} is not a ggml block format")]
     NotBlockFormat(WeightFormat),
 }
@@ -214,14 +235,17 @@ impl PackedMatrix {
         Ok(m)
     }
 
+    /// How the weights are stored.
     pub fn format(&self) -> WeightFormat {
         self.format
     }
 
+    /// Output features: the matrix's rows.
     pub fn out_features(&self) -> usize {
         self.out
     }
 
+    /// Input features: the matrix's columns.
     pub fn in_features(&self) -> usize {
         self.inp
     }

@@ -67,10 +67,12 @@ impl<'a, T> RowRuns<'a, T> {
         RowRuns::new(rows, 1, 0, len)
     }
 
+    /// Rows in the list.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the list has no row.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -123,10 +125,12 @@ impl<'r, T> Rows<'r, T> {
         }
     }
 
+    /// Rows in the view.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the view has no row.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

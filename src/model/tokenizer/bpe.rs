@@ -70,6 +70,7 @@ impl BpeTokenizer {
         })
     }
 
+    /// Tokens in the vocabulary, specials included.
     pub fn vocab_size(&self) -> usize {
         self.tokens.len()
     }
@@ -89,10 +90,13 @@ impl BpeTokenizer {
         self.specials.iter().map(|(t, id)| (t.as_str(), *id))
     }
 
+    /// How text is split into words before the merges apply.
     pub fn pre_tokenizer(&self) -> &PreTokenizer {
         &self.pre
     }
 
+    /// The id of the token stored as `text` (byte-level alphabet for ordinary tokens),
+    /// `None` if there is none.
     pub fn token_id(&self, text: &str) -> Option<TokenId> {
         self.ids.get(text).copied()
     }
@@ -102,6 +106,8 @@ impl BpeTokenizer {
         self.tokens.get(id as usize).map(String::as_str)
     }
 
+    /// Whether `id` is one of the special tokens (for a GGUF file: its control and
+    /// user-defined tokens).
     pub fn is_special(&self, id: TokenId) -> bool {
         self.specials.iter().any(|(_, s)| *s == id)
     }

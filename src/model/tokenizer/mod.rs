@@ -97,6 +97,8 @@ impl Tokenizer {
         }
     }
 
+    /// Tokens in the vocabulary, added tokens included (at most the model's
+    /// `vocab_size`: loading checks it).
     pub fn vocab_size(&self) -> usize {
         match &self.backend {
             Backend::Bpe(b) => b.vocab_size(),
@@ -104,6 +106,7 @@ impl Tokenizer {
         }
     }
 
+    /// The id of the token whose stored text is `text`, `None` if there is none.
     pub fn token_id(&self, text: &str) -> Option<TokenId> {
         match &self.backend {
             Backend::Bpe(b) => b.token_id(text),
@@ -111,10 +114,13 @@ impl Tokenizer {
         }
     }
 
+    /// The beginning-of-sequence token, if the model declares one.
     pub fn bos(&self) -> Option<TokenId> {
         self.bos
     }
 
+    /// Tokens that end a generation: the declared EOS plus the chat end-of-turn markers
+    /// the vocabulary has (see [`stop_tokens`]).
     pub fn eos_ids(&self) -> &[TokenId] {
         &self.eos
     }
