@@ -86,7 +86,7 @@ pub fn rollout_error(e: RolloutError) -> PyErr {
         RolloutError::Io(path, e) => io_error(&e, format!("{}: {e}", path.display())),
         e @ (RolloutError::Advantage(_)
         | RolloutError::ForestLine { .. }
-        | RolloutError::Config(_)) => PyValueError::new_err(e.to_string()),
+        | RolloutError::Config(_)) => PyValueError::new_err(error_chain(&e)),
         e => PyRuntimeError::new_err(error_chain(&e)),
     }
 }

@@ -41,7 +41,7 @@ pub use config::{TreeConfig, TreeConfigError, TreeOptions, TreeShape};
 pub use cost::ForestCost;
 pub use demo::{demonstrate, demonstrations};
 pub use episode::{run_episode, EpisodeParams};
-pub use error::RolloutError;
+pub use error::{LineJsonError, RolloutError};
 pub use forest::{FailedBranch, Node, NodeId, Tree};
 pub use output::{parse_forest, read_forest, Output};
 pub use run::{

@@ -2,11 +2,10 @@
 //! prompts finish, `summary.json` at the end, and `forest.jsonl` read back (for
 //! `treegrpo view`, or a trainer) with bad lines named by file and line.
 
-use std::fmt::Write as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use super::error::RolloutError;
+use super::error::{LineJsonError, RolloutError};
 use super::export::TrajectoryRecord;
 use super::forest::Tree;
 use super::summary::RunSummary;
@@ -80,22 +79,9 @@ pub fn parse_forest(bytes: &[u8], path: &Path) -> Result<Vec<Tree>, RolloutError
         let tree: Tree = serde_json::from_slice(line).map_err(|e| RolloutError::ForestLine {
             path: path.to_path_buf(),
             line: i + 1,
-            message: json_message(&e),
+            source: LineJsonError(e),
         })?;
         trees.push(tree);
     }
     Ok(trees)
-}
-
-/// serde_json's message without its "at line 1 column N" (each line is parsed on its
-/// own, so its line is always 1); the column is kept.
-fn json_message(e: &serde_json::Error) -> String {
-    let mut s = e.to_string();
-    if let Some(pos) = s.rfind(" at line ") {
-        s.truncate(pos);
-    }
-    if e.column() > 0 {
-        let _ = write!(s, " (column {})", e.column());
-    }
-    s
 }

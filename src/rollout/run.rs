@@ -230,7 +230,10 @@ pub async fn run_rollout(
                 break;
             }
         };
-        let (i, forest) = joined.map_err(|e| RolloutError::Task(e.to_string()))?;
+        let (i, forest) = joined.map_err(|source| RolloutError::Task {
+            task: "prompt",
+            source,
+        })?;
         let mut forest = forest?;
         let mut records = if forest.trees.is_empty() {
             Vec::new()

@@ -141,9 +141,10 @@ pub async fn sample_prompt_forest(
                     let from = match (cfg.prefix_reuse, rt.snapshot) {
                         (true, Some(snapshot)) => BranchStart::Fork(snapshot),
                         (true, None) => {
-                            return Err(RolloutError::Task(format!(
-                                "tree {t}: node {start} has no snapshot to branch from"
-                            )))
+                            return Err(RolloutError::NoSnapshot {
+                                tree: t,
+                                node: start.index(),
+                            })
                         }
                         (false, _) => BranchStart::Resend {
                             prefix: prefix_tokens(&prompt_ids, &trees[t], start),
@@ -164,8 +165,10 @@ pub async fn sample_prompt_forest(
             }
             let mut results = Vec::new();
             while let Some(joined) = jobs.join_next().await {
-                let (t, branch, start, grown) =
-                    joined.map_err(|e| RolloutError::Task(format!("branch task failed: {e}")))?;
+                let (t, branch, start, grown) = joined.map_err(|source| RolloutError::Task {
+                    task: "branch",
+                    source,
+                })?;
                 let outcome = grown?;
                 cost.add(&outcome.cost);
                 match outcome.failure {
