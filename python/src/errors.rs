@@ -95,9 +95,10 @@ pub fn train_error(e: TrainError) -> PyErr {
     match e {
         TrainError::Model(e) => model_error(e),
         TrainError::Io(path, e) => io_error(&e, format!("{}: {e}", path.display())),
-        e @ (TrainError::BadInput { .. } | TrainError::BadBatch(_)) => {
-            PyValueError::new_err(e.to_string())
-        }
+        e @ (TrainError::BadInput { .. }
+        | TrainError::Json { .. }
+        | TrainError::Safetensors { .. }
+        | TrainError::BadBatch(_)) => PyValueError::new_err(error_chain(&e)),
         e => PyRuntimeError::new_err(error_chain(&e)),
     }
 }

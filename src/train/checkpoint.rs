@@ -138,8 +138,12 @@ fn on_rows(
 /// from a checkpoint holds bit-for-bit the weights it saved. Shapes must match.
 pub fn restore_weights(dir: &Path, params: &Params) -> Result<(), TrainError> {
     let path = dir.join("model.safetensors");
-    let tensors = candle_core::safetensors::load(&path, &Device::Cpu)
-        .map_err(|e| bad_checkpoint(&path, format!("not a readable safetensors file: {e}")))?;
+    let tensors = candle_core::safetensors::load(&path, &Device::Cpu).map_err(|source| {
+        TrainError::Safetensors {
+            path: path.clone(),
+            source,
+        }
+    })?;
     let c = &params.config;
     for (name, var) in params.named() {
         let t = tensors
@@ -316,10 +320,11 @@ pub fn load_optimizer(dir: &Path, params: &Params) -> Result<Option<Optimizer>, 
         return Ok(None);
     }
     let text = std::fs::read_to_string(&state_path).map_err(io(&state_path))?;
-    let state: TrainerState = serde_json::from_str(&text).map_err(|e| TrainError::BadInput {
+    let state: TrainerState = serde_json::from_str(&text).map_err(|source| TrainError::Json {
         path: state_path.clone(),
         line: 0,
-        message: e.to_string(),
+        what: "a trainer state",
+        source,
     })?;
     let mut opt = Optimizer::new(state.optimizer);
     opt.step = state.step;

@@ -62,8 +62,12 @@ pub fn parse_trajectories(
         if raw.trim().is_empty() {
             continue;
         }
-        let line: Line = serde_json::from_str(raw)
-            .map_err(|e| bad(n, format!("not a trajectory record: {e}")))?;
+        let line: Line = serde_json::from_str(raw).map_err(|source| TrainError::Json {
+            path: path.to_path_buf(),
+            line: n,
+            what: "a trajectory record",
+            source,
+        })?;
         let advantage = line
             .advantage
             .ok_or_else(|| bad(n, "the advantage is missing (null)".into()))?;
