@@ -20,10 +20,25 @@ pub enum LoopError {
     /// The cause is the `source` (printed once by a chain-printing caller).
     #[error("{}", .0.display())]
     Io(PathBuf, #[source] std::io::Error),
-    /// A run folder that cannot be resumed (its log or loop state is not what this
-    /// run wrote).
+    /// A run folder that cannot be resumed (`message` says what it lacks).
     #[error("cannot resume from {path}: {message}")]
     Resume { path: PathBuf, message: String },
+    /// A line of a run's `log.jsonl` that is not a step line.
+    #[error("{}, line {line}: not a step line", .path.display())]
+    LogLine {
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A checkpoint's `loop_state.json` that is not the loop's state.
+    #[error("cannot resume from {}: not the loop's state", .path.display())]
+    LoopState {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A setting the loop cannot run with.
     #[error("{0}")]
     Config(String),

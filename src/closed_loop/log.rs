@@ -145,9 +145,10 @@ pub fn read_log(path: &Path) -> Result<Vec<StepLog>, LoopError> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| LoopError::Resume {
+            serde_json::from_str(l).map_err(|source| LoopError::LogLine {
                 path: path.to_path_buf(),
-                message: format!("line {}: not a step line: {e}", i + 1),
+                line: i + 1,
+                source,
             })
         })
         .collect()

@@ -288,10 +288,11 @@ impl TrainRun {
         }
         let text = std::fs::read_to_string(&state_path)
             .map_err(|e| LoopError::Io(state_path.clone(), e))?;
-        let state: LoopState = serde_json::from_str(&text).map_err(|e| LoopError::Resume {
-            path: state_path.clone(),
-            message: e.to_string(),
-        })?;
+        let state: LoopState =
+            serde_json::from_str(&text).map_err(|source| LoopError::LoopState {
+                path: state_path.clone(),
+                source,
+            })?;
         self.adopt_recorded_reference()?;
         restore_weights(&dir, &self.params)?;
         if let Some(reference) = &self.reference {
