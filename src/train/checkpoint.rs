@@ -27,8 +27,15 @@ use crate::model::{Architecture, ChatTemplate, ModelConfig, RopeStyle, Tokenizer
 /// What a checkpoint carries besides the weights.
 #[derive(Debug, Clone, Copy)]
 pub struct CheckpointExtras<'a> {
+    /// Written as `tokenizer.json` and `tokenizer_config.json`, so the directory loads
+    /// as a model on its own.
     pub tokenizer: &'a Tokenizer,
+    /// The chat template recorded in `tokenizer_config.json`; `None` writes no template.
     pub chat_template: Option<&'a ChatTemplate>,
+    /// The optimiser to save beside the weights: its step and config go to
+    /// `trainer_state.json`, its moments (if it has any yet) to
+    /// `optimizer.safetensors`. `None` writes neither, and a later resume starts a
+    /// fresh optimiser.
     pub optimizer: Option<&'a Optimizer>,
     /// A caller's own state, saved as `loop_state.json` in the same atomic swap (the
     /// training loop's step and token count).

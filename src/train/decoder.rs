@@ -29,7 +29,9 @@ use crate::model::{RopeStyle, TokenId};
 /// Token rows laid out as a forest, and what to score.
 #[derive(Debug, Clone)]
 pub struct PackedBatch {
+    /// One token per row of `layout` (`tokens.len() == layout.len()`).
     pub tokens: Vec<TokenId>,
+    /// Which rows each row attends to, and each row's RoPE position (its depth).
     pub layout: Arc<TreeLayout>,
     /// Rows whose output is scored…
     pub score_rows: Vec<u32>,
@@ -40,7 +42,11 @@ pub struct PackedBatch {
 /// Graph tensors of a forward: `logp[m]` and, if asked, `entropy[m]`.
 #[derive(Debug)]
 pub struct Scored {
+    /// `[m]`: the log-probability of each target under `logits / temperature`, in the
+    /// order of `score_rows` (nats, ≤ 0).
     pub logp: Tensor,
+    /// `[m]`: the entropy (nats) of each scored row's distribution under the same
+    /// temperature; `None` unless the forward was asked for it.
     pub entropy: Option<Tensor>,
 }
 

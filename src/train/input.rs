@@ -33,6 +33,7 @@ struct Line {
 /// An update's trajectories and the temperature they were sampled at.
 #[derive(Debug, Clone)]
 pub struct TrainingData {
+    /// One sample per non-blank line of the file, in file order.
     pub samples: Vec<TrainSample>,
     /// From the records; 1 when none says (and for greedy rollouts).
     pub temperature: f64,

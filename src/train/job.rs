@@ -19,6 +19,7 @@ use super::update::{update_with_progress, UpdateConfig, UpdateMetrics, UpdatePro
 /// What [`update_checkpoint`] did.
 #[derive(Debug, Clone)]
 pub struct UpdateReport {
+    /// The update's loss, gradient norm and other figures (see [`UpdateMetrics`]).
     pub metrics: UpdateMetrics,
     /// The optimiser's step count after the update (1 for a fresh optimiser).
     pub step: u64,

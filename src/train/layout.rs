@@ -27,7 +27,9 @@ pub struct TreeLayout {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("row {row} has parent {parent}: a parent must be an earlier row")]
 pub struct BadParent {
+    /// The row whose parent link is wrong (0-based).
     pub row: usize,
+    /// The parent it named: the row itself or a later one.
     pub parent: usize,
 }
 
@@ -91,14 +93,18 @@ impl TreeLayout {
         Self::new(parents).expect("a chain's parents come first")
     }
 
+    /// Number of rows in the batch.
     pub fn len(&self) -> usize {
         self.parents.len()
     }
 
+    /// Whether the batch has no rows.
     pub fn is_empty(&self) -> bool {
         self.parents.is_empty()
     }
 
+    /// The row before `row` on its own path; `None` for a root (the first token of a
+    /// sequence). Panics if `row` is out of range.
     pub fn parent(&self, row: usize) -> Option<usize> {
         self.parents[row].map(|p| p as usize)
     }

@@ -54,10 +54,14 @@ impl std::str::FromStr for LossAgg {
 /// The loss's coefficients; defaults are the Tree-GRPO reference scripts'.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LossConfig {
+    /// `ε_low`: a negative-advantage token's ratio is clipped below at `1 − clip_low`.
     pub clip_low: f64,
+    /// `ε_high`: a non-negative-advantage token's ratio is clipped above at
+    /// `1 + clip_high`.
     pub clip_high: f64,
     /// Dual-clip bound `c` for negative advantages.
     pub clip_c: f64,
+    /// How per-token terms are averaged over the update.
     pub agg: LossAgg,
     /// Coefficient of the k3 KL to the reference (0: no reference needed).
     pub kl_coef: f64,
@@ -88,6 +92,7 @@ pub struct LossRow {
     pub seq: usize,
     /// Which unique scored token it reads (index into `logp` and `entropy`).
     pub unique: usize,
+    /// The trajectory's advantage `A`, the same for each of its loss tokens.
     pub advantage: f64,
     /// The policy's log-probability before the update (the ratio's denominator).
     pub old_logp: f64,
@@ -100,16 +105,26 @@ pub struct LossRow {
 /// The loss, its parts (already aggregated), and its gradient.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LossOutput {
+    /// The total: `pg_loss + kl_coef·kl − entropy_coef·entropy`, the number the
+    /// gradient is of.
     pub loss: f64,
+    /// The aggregated clipped policy-gradient term, TIS-weighted.
     pub pg_loss: f64,
     /// The aggregated negative log-likelihood of the loss tokens (the SFT loss; for RL
     /// a diagnostic).
     pub nll: f64,
+    /// The aggregated k3 (low-variance) KL estimate to the reference policy (nats);
+    /// 0 when every row's reference equals its old log-probability.
     pub kl: f64,
+    /// The aggregated entropy of the policy at the loss tokens (nats); 0 when the
+    /// forward did not compute entropies.
     pub entropy: f64,
     /// Fraction of loss tokens whose clipped term is the active one (no gradient).
     pub clip_fraction: f64,
+    /// Mean truncated importance weight over the loss tokens (1 when no rollout
+    /// log-probabilities were given).
     pub tis_mean: f64,
+    /// Number of loss rows (model tokens) this output covers.
     pub tokens: usize,
     /// `∂loss/∂logp_u` per unique scored token.
     #[serde(skip)]

@@ -18,7 +18,10 @@ use super::params::Params;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
+    /// Plain gradient descent, `w ← w − lr·g`; no state, no weight decay (the
+    /// oracle the tests compare gradients with).
     Sgd,
+    /// AdamW with decoupled weight decay, as `torch.optim.AdamW` computes it.
     AdamW,
 }
 
@@ -36,11 +39,19 @@ impl std::str::FromStr for OptimizerKind {
 /// Optimiser settings; the defaults are the Tree-GRPO reference's (verl's actor).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct OptimizerConfig {
+    /// The update rule (`sgd` or `adamw` in JSON and on the command line).
     pub kind: OptimizerKind,
+    /// Peak learning rate (reached after `warmup_steps`).
     pub lr: f64,
+    /// AdamW's decay of the first moment (mean of gradients); unused by SGD.
     pub beta1: f64,
+    /// AdamW's decay of the second moment (mean of squared gradients); unused by SGD.
     pub beta2: f64,
+    /// AdamW's term added to the denominator's square root, so a weight whose
+    /// gradients are all zero does not divide by zero; unused by SGD.
     pub eps: f64,
+    /// AdamW's decoupled weight decay `λ`: each step first shrinks every weight by
+    /// `lr·λ·w`; unused by SGD.
     pub weight_decay: f64,
     /// Steps over which the learning rate rises linearly to `lr` (0: constant).
     pub warmup_steps: u64,
@@ -63,6 +74,7 @@ impl Default for OptimizerConfig {
 /// An optimiser's state: its step count and, for AdamW, both moments per weight.
 #[derive(Debug)]
 pub struct Optimizer {
+    /// The settings this state was created with (saved in `trainer_state.json`).
     pub config: OptimizerConfig,
     /// Steps taken so far.
     pub step: u64,
@@ -126,6 +138,8 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64, TrainE
 }
 
 impl Optimizer {
+    /// A fresh optimiser at step 0; AdamW's moments are created, as zeros, by the
+    /// first step.
     pub fn new(config: OptimizerConfig) -> Self {
         Optimizer {
             config,

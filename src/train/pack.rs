@@ -23,6 +23,8 @@ use crate::model::TokenId;
 /// One micro-batch: the rows to forward, and where each sequence's tokens are scored.
 #[derive(Debug, Clone)]
 pub struct Packed {
+    /// The rows to forward: a trie of the sequences' prefixes (packed) or one chain
+    /// per sequence, with its unique scored entries as `score_rows`/`targets`.
     pub batch: PackedBatch,
     /// The sequences packed here (indices into the caller's list).
     pub seqs: Vec<usize>,

@@ -17,25 +17,40 @@ use crate::model::{Model, ModelConfig};
 /// One transformer block's trainable weights (`[out, in]` matrices, vectors).
 #[derive(Debug)]
 pub struct LayerParams {
+    /// RMSNorm gain applied before attention (`input_layernorm`), `[hidden]`.
     pub attn_norm: Var,
+    /// Query projection `[num_heads * head_dim, hidden]`; for a llama GGUF its rows keep
+    /// the GGUF's RoPE permutation (see the module doc).
     pub q: Var,
+    /// Key projection `[num_kv_heads * head_dim, hidden]`, permuted like `q`.
     pub k: Var,
+    /// Value projection `[num_kv_heads * head_dim, hidden]`.
     pub v: Var,
     /// q/k/v biases (qwen2), all three or none.
     pub qkv_bias: Option<[Var; 3]>,
+    /// Attention output projection `[hidden, num_heads * head_dim]`.
     pub o: Var,
+    /// RMSNorm gain applied before the MLP (`post_attention_layernorm`), `[hidden]`.
     pub ffn_norm: Var,
+    /// SwiGLU gate projection `[intermediate, hidden]` (passed through SiLU).
     pub gate: Var,
+    /// SwiGLU up projection `[intermediate, hidden]` (multiplied by the gated branch).
     pub up: Var,
+    /// MLP output projection `[hidden, intermediate]`.
     pub down: Var,
 }
 
 /// Every trainable weight of the decoder.
 #[derive(Debug)]
 pub struct Params {
+    /// The shape of the decoder these weights belong to (sizes, RoPE, norm epsilon).
     pub config: ModelConfig,
+    /// Token embedding table `[vocab, hidden]`; also the output projection when
+    /// `lm_head` is `None`.
     pub embedding: Var,
+    /// The transformer blocks, first to last (`config.num_layers` of them).
     pub layers: Vec<LayerParams>,
+    /// RMSNorm gain applied after the last block (`model.norm`), `[hidden]`.
     pub final_norm: Var,
     /// The output projection; `None` when tied to the embedding.
     pub lm_head: Option<Var>,
@@ -129,6 +144,7 @@ impl Params {
         self.named().iter().map(|(_, v)| v.elem_count()).sum()
     }
 
+    /// The dtype every weight is held in (F32 for training, F64 for the oracle).
     pub fn dtype(&self) -> DType {
         self.embedding.dtype()
     }

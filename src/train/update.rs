@@ -34,6 +34,7 @@ use crate::model::{Model, TokenId};
 pub struct TrainSample {
     /// Prompt then response.
     pub tokens: Vec<TokenId>,
+    /// How many of `tokens` are the prompt; the response is `tokens[prompt_len..]`.
     pub prompt_len: usize,
     /// Per response token: 1 = model token (trained on), 0 = observation.
     pub response_mask: Vec<u8>,
@@ -44,6 +45,7 @@ pub struct TrainSample {
     pub old_logprobs: Option<Vec<f64>>,
     /// The reference policy's, per response token; `None`: equal to the old.
     pub ref_logprobs: Option<Vec<f64>>,
+    /// The trajectory's advantage, applied to every one of its model tokens.
     pub advantage: f64,
 }
 
@@ -69,6 +71,7 @@ impl TrainSample {
 /// How one update runs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct UpdateConfig {
+    /// The loss's coefficients (clipping, KL, entropy, TIS, aggregation).
     pub loss: LossConfig,
     /// Global grad-norm clip (0: none).
     pub max_grad_norm: f64,
@@ -95,42 +98,58 @@ impl Default for UpdateConfig {
 /// Rows forwarded, packed and as the unpacked count (each trajectory whole).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Forwarded {
+    /// Rows actually forwarded: a shared prefix counts once.
     pub packed: usize,
+    /// Rows an unpacked forward would take: the sum of every trajectory's length.
     pub unpacked: usize,
 }
 
 /// What one update did: `treegrpo update`'s JSON line.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct UpdateMetrics {
+    /// The loss the step descended (see [`LossOutput::loss`]).
     pub loss: f64,
+    /// Its clipped policy-gradient part.
     pub pg_loss: f64,
     /// Mean negative log-likelihood of the loss tokens (aggregated as the loss is).
     pub nll: f64,
+    /// The aggregated k3 KL to the reference policy (nats).
     pub kl: f64,
+    /// The aggregated entropy at the loss tokens (nats).
     pub entropy: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
+    /// Fraction of loss tokens whose ratio was clipped (they contribute no gradient).
     pub clip_fraction: f64,
+    /// Mean truncated importance weight over the loss tokens.
     pub tis_mean: f64,
     /// Loss tokens.
     pub tokens: usize,
+    /// Rows forwarded, packed and unpacked: what prefix sharing saved.
     pub tokens_forwarded: Forwarded,
+    /// Number of micro-batches the trajectories were split into.
     pub micro_batches: usize,
+    /// The learning rate of this step (after warm-up).
     pub lr: f64,
+    /// Wall-clock seconds of the whole update: forwards, backwards and the step.
     pub seconds: f64,
     /// Max and mean `|trainer log p − rollout log p|` over loss tokens with a rollout
     /// log-probability (verl's `rollout_probs_diff_max` / `_mean`); `None` without.
     pub rollout_logprob_diff_max: Option<f64>,
+    /// The mean of the same gap; `None` likewise.
     pub rollout_logprob_diff_mean: Option<f64>,
 }
 
 /// The loss of an update's trajectories, and its gradient if asked.
 #[derive(Debug)]
 pub struct Evaluated {
+    /// The loss and its parts, over every micro-batch.
     pub loss: LossOutput,
     /// One per weight in [`Params::named`] order (zeros where a weight got none).
     pub grads: Option<Vec<Tensor>>,
+    /// Rows forwarded, packed and unpacked.
     pub forwarded: Forwarded,
+    /// Number of micro-batches forwarded.
     pub micro_batches: usize,
     /// How far the trainer's log-probabilities lie from the rollout's.
     pub rollout_gap: RolloutGap,
@@ -142,8 +161,11 @@ pub struct Evaluated {
 /// gap is exactly 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RolloutGap {
+    /// The largest gap seen (nats); 0 before any token.
     pub max: f64,
+    /// Sum of the gaps (nats), for the mean.
     pub sum: f64,
+    /// Number of loss tokens compared.
     pub tokens: usize,
 }
 
@@ -176,9 +198,13 @@ enum Forward {
 /// the rows forwarded so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UpdateProgress {
+    /// Micro-batches finished so far (1-based after the first).
     pub micro_batches_done: usize,
+    /// Micro-batches in the update.
     pub micro_batches: usize,
+    /// Rows forwarded so far, packed.
     pub rows_done: usize,
+    /// Rows the whole update forwards, packed.
     pub rows: usize,
 }
 

@@ -24,8 +24,11 @@ pub const BLOCK_ROWS: usize = 32;
 /// Shapes: query heads, KV heads, head width.
 #[derive(Debug, Clone, Copy)]
 pub struct Heads {
+    /// Query heads per row.
     pub heads: usize,
+    /// Key/value heads per row; each serves `heads / kv_heads` query heads (GQA).
     pub kv_heads: usize,
+    /// Width of one head (`d`), in f32 values.
     pub head_dim: usize,
 }
 
@@ -84,10 +87,16 @@ struct Acc {
 /// `[rows, heads · d]`; `k`, `v` `[rows, kv_heads · d]`.
 #[derive(Clone, Copy)]
 pub struct Saved<'a> {
+    /// Rotated queries, `[rows, heads · d]`.
     pub q: &'a [f32],
+    /// Rotated keys, `[rows, kv_heads · d]`.
     pub k: &'a [f32],
+    /// Values, `[rows, kv_heads · d]`.
     pub v: &'a [f32],
+    /// The forward's attention output, `[rows, heads · d]` (before the output
+    /// projection).
     pub out: &'a [f32],
+    /// The loss's gradient with respect to `out`, same shape.
     pub dout: &'a [f32],
 }
 

@@ -22,25 +22,39 @@ pub fn with_f32<R>(var: &Var, f: impl FnOnce(&[f32]) -> R) -> Result<R, TrainErr
 /// Where each weight's gradient sits in [`Grads::bufs`] ([`Params::named`] order).
 #[derive(Debug, Clone, Copy)]
 pub struct LayerSlots {
+    /// Slot of [`LayerParams::attn_norm`](crate::train::params::LayerParams::attn_norm)'s gradient.
     pub attn_norm: usize,
+    /// Slot of the query projection's gradient.
     pub q: usize,
+    /// Slot of the key projection's gradient.
     pub k: usize,
+    /// Slot of the value projection's gradient.
     pub v: usize,
     /// q, k, v biases (qwen2).
     pub bias: Option<[usize; 3]>,
+    /// Slot of the attention output projection's gradient.
     pub o: usize,
+    /// Slot of the MLP's RMSNorm gain's gradient.
     pub ffn_norm: usize,
+    /// Slot of the SwiGLU gate projection's gradient.
     pub gate: usize,
+    /// Slot of the SwiGLU up projection's gradient.
     pub up: usize,
+    /// Slot of the MLP down projection's gradient.
     pub down: usize,
 }
 
 /// One gradient buffer per weight, zero to start.
 #[derive(Debug)]
 pub struct Grads {
+    /// One buffer per weight, in [`Params::named`] order, each as long as its
+    /// weight's element count (row-major, the weight's own shape).
     pub bufs: Vec<Vec<f32>>,
+    /// Each block's slots into `bufs`, first block first.
     pub layers: Vec<LayerSlots>,
+    /// Slot of the token embedding's gradient (always 0: it is named first).
     pub embedding: usize,
+    /// Slot of the final RMSNorm gain's gradient.
     pub final_norm: usize,
     /// The output projection's: the embedding's slot when tied.
     pub head: usize,
@@ -48,6 +62,7 @@ pub struct Grads {
 }
 
 impl Grads {
+    /// Zeroed buffers shaped like every weight of `params`, with their slots.
     pub fn zeros(params: &Params) -> Self {
         let named = params.named();
         let bufs = named

@@ -23,8 +23,12 @@ pub const CHUNK_ROWS: usize = 64;
 /// A scored row's figures.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RowScore {
+    /// The target's log-probability under `logits / temperature` (nats, ≤ 0).
     pub logp: f64,
+    /// The entropy of the row's tempered distribution (nats).
     pub entropy: f64,
+    /// The log-normaliser `log Σ_k exp(z_k / temperature)`, kept for the backward's
+    /// softmax.
     pub lse: f64,
 }
 

@@ -22,15 +22,26 @@ use crate::model::ModelConfig;
 
 /// What the backward of one block reads besides its weights.
 pub struct BlockInputs<'a> {
+    /// The decoder's sizes and RMSNorm epsilon.
     pub config: &'a ModelConfig,
+    /// Which rows attend to which (the packed batch's forest).
     pub layout: &'a TreeLayout,
+    /// The model's RoPE, to rotate the query and key gradients back.
     pub rope: &'a Rope,
+    /// Per row, the `(sin, cos)` of each RoPE frequency at its position
+    /// ([`Rope::angles`]), as the forward used them.
     pub angles: &'a [Vec<(f32, f32)>],
     /// The block's input (the residual stream before it).
     pub x_in: &'a [f32],
+    /// The block's activations the recording forward left in its buffers (queries,
+    /// keys, values, attention output, MLP input and projections).
     pub bufs: &'a LayerBuffers,
+    /// The activations the recording forward kept only for the backward (first norm's
+    /// output, mid-block residual, SwiGLU output).
     pub record: &'a LayerRecord,
+    /// The block's attention RMSNorm gain, `[hidden]`.
     pub attn_norm: &'a [f32],
+    /// The block's MLP RMSNorm gain, `[hidden]`.
     pub ffn_norm: &'a [f32],
 }
 

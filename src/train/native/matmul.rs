@@ -11,10 +11,15 @@ use gemm::{gemm, Parallelism};
 /// `(i, j)` of a `rows × cols` matrix (a transpose is the same data, strides swapped).
 #[derive(Clone, Copy)]
 pub struct View<'a> {
+    /// The values, read in place; must hold every element the strides reach.
     pub data: &'a [f32],
+    /// Number of rows of the matrix this view reads.
     pub rows: usize,
+    /// Number of columns.
     pub cols: usize,
+    /// Distance in `data`, in f32 values, from element `(i, j)` to `(i + 1, j)`.
     pub row_stride: usize,
+    /// Distance in `data`, in f32 values, from element `(i, j)` to `(i, j + 1)`.
     pub col_stride: usize,
 }
 
@@ -53,7 +58,10 @@ impl<'a> View<'a> {
 /// Threads a product runs on: rayon's, or this one (inside a parallel loop).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Threads {
+    /// Split the product over rayon's pool (a product called from sequential code).
     Rayon,
+    /// Run on the calling thread only (a product inside a rayon task, so the pool is
+    /// not oversubscribed).
     This,
 }
 

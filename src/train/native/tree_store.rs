@@ -41,6 +41,9 @@ pub struct TreeKvStore<'a> {
 }
 
 impl<'a> TreeKvStore<'a> {
+    /// A zeroed store for one layer of `layout`'s rows, addressed through `spans`
+    /// (from [`edge_spans`]); `kv_dim` is the width of one row's keys (and values),
+    /// in f32 values.
     pub fn new(layout: &'a TreeLayout, spans: &'a [SeqSpan], kv_dim: usize) -> Self {
         TreeKvStore {
             layout,
