@@ -10,16 +10,17 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::engine::EngineError;
+use crate::engine::{EngineError, SamplingError};
 use crate::env::EnvError;
 use crate::model::ModelError;
-use crate::rollout::RolloutError;
+use crate::rollout::{RolloutError, TreeConfigError};
 
 /// What went wrong with a request.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// The body is not JSON, or not the JSON this endpoint takes.
-    #[error("invalid request body: {0}")]
+    /// The body is not JSON, or not the JSON this endpoint takes (serde's message is
+    /// the source: the response's message is the whole chain).
+    #[error("invalid request body")]
     Body(#[source] serde_json::Error),
     /// The body holds a field this endpoint does not read.
     #[error(
@@ -35,6 +36,13 @@ pub enum ServeError {
         param: &'static str,
         message: String,
     },
+    /// Sampling settings the engine's rule refuses: the message names the field, the
+    /// rule's own error (the source) says why.
+    #[error("{}", .0.field())]
+    Sampling(#[source] SamplingError),
+    /// A tree shape the rollout's rule refuses (the field, then why).
+    #[error("{}", .0.field())]
+    TreeConfig(#[source] TreeConfigError),
     /// The prompt plus the tokens asked for do not fit the context window.
     #[error(
         "this model's context window is {max} tokens; the prompt has {prompt} and \
@@ -68,7 +76,7 @@ pub enum ServeError {
     #[error(transparent)]
     Rollout(#[from] RolloutError),
     /// A task of the server itself failed (a panic in a spawned rollout).
-    #[error("server task failed: {0}")]
+    #[error("server task failed")]
     Task(#[from] tokio::task::JoinError),
 }
 
@@ -88,9 +96,12 @@ impl ServeError {
     pub fn status(&self) -> StatusCode {
         use ServeError::*;
         match self {
-            Body(_) | UnknownField(_) | Invalid { .. } | ContextLength { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            Body(_)
+            | UnknownField(_)
+            | Invalid { .. }
+            | Sampling(_)
+            | TreeConfig(_)
+            | ContextLength { .. } => StatusCode::BAD_REQUEST,
             BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Unauthorized => StatusCode::UNAUTHORIZED,
             UnknownSession(_) | NoRoute(_) => StatusCode::NOT_FOUND,
@@ -127,6 +138,8 @@ impl ServeError {
     fn param(&self) -> Option<String> {
         match self {
             ServeError::Invalid { param, .. } => Some(param.to_string()),
+            ServeError::Sampling(e) => Some(e.field().into()),
+            ServeError::TreeConfig(e) => Some(e.field().into()),
             ServeError::UnknownField(field) => Some(field.clone()),
             ServeError::Engine(EngineError::BadToken { .. }) => Some("prompt".into()),
             ServeError::ContextLength { .. } => Some("max_tokens".into()),
@@ -151,6 +164,7 @@ fn engine_status(e: &EngineError) -> StatusCode {
         Busy(_) | SwapWithPins { .. } => StatusCode::CONFLICT,
         UnknownSequence(_) => StatusCode::NOT_FOUND,
         Freed(_) => StatusCode::GONE,
+        Shared(original) => engine_status(original),
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -164,7 +178,6 @@ impl IntoResponse for ServeError {
                 "type": self.kind(),
                 "param": self.param(),
                 "code": status.as_u16(),
-        Shared(original) => engine_status(original),
             }
         });
         let mut response = (status, Json(body)).into_response();

@@ -93,7 +93,7 @@ impl RolloutBody {
             seed: self.seed,
         }
         .config()
-        .map_err(|e| ServeError::invalid(e.field(), e.to_string()))
+        .map_err(ServeError::TreeConfig)
     }
 }
 

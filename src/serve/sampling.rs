@@ -143,7 +143,7 @@ impl SamplingFields {
 
 /// A sampling option out of range, as a 400 naming its field.
 pub fn sampling_error(e: SamplingError) -> ServeError {
-    ServeError::invalid(e.field(), e.to_string())
+    ServeError::Sampling(e)
 }
 
 /// OpenAI's `finish_reason` (and SGLang's `finish_reason.type`).
