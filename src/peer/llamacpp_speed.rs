@@ -139,7 +139,10 @@ impl LlamaCppPeer {
             let first = argmax(&ctx, b.n_tokens() - 1);
             for s in 1..batch {
                 ctx.copy_kv_cache_seq(0, i32_of(s)?, None, None)
-                    .map_err(|e| PeerError::Invalid(format!("llama.cpp cache copy: {e}")))?;
+                    .map_err(|e| PeerError::LlamaCppCache {
+                        what: "cache copy",
+                        source: Box::new(e),
+                    })?;
             }
             next = vec![first; batch];
         }

@@ -223,9 +223,7 @@ pub async fn run_mistralrs_chains(
     let mut totals = ChainTotals::default();
     let mut first_err = None;
     while let Some(joined) = jobs.join_next().await {
-        let result = joined
-            .map_err(|e| PeerError::Task(e.to_string()))
-            .and_then(|r| r);
+        let result = joined.map_err(PeerError::Task).and_then(|r| r);
         match result {
             Ok(c) => {
                 rewards.push(c.reward);
@@ -438,7 +436,7 @@ async fn warm_prefixes(
         }
     }
     while let Some(joined) = jobs.join_next().await {
-        let c = joined.map_err(|e| PeerError::Task(e.to_string()))??;
+        let c = joined.map_err(PeerError::Task)??;
         counters.add(&c);
     }
     Ok(())

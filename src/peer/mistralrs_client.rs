@@ -50,7 +50,7 @@ pub struct PeerModelConfig {
 /// This goes through mistral.rs's loader and engine builder rather than its
 /// `GgufModelBuilder`, which fixes the dtype to `Auto` (BF16 activations on CPU) and
 /// offers no engine-wide EOS switch. Loading runs on a task of its own, so a panic
-/// inside mistral.rs comes back as [`PeerError::Load`]. Needs a multi-threaded tokio
+/// inside mistral.rs comes back as [`PeerError::LoadFailed`]. Needs a multi-threaded tokio
 /// runtime (mistral.rs sends a warm-up request with `block_in_place` after loading).
 pub async fn load_peer_model(
     model_path: &Path,
@@ -105,7 +105,7 @@ pub async fn load_peer_model(
                 None,
                 None,
             )
-            .map_err(|e| format!("{e:#}"))?;
+            .map_err(Box::<dyn std::error::Error + Send + Sync>::from)?;
         let mut builder = MistralRsBuilder::new(
             pipeline,
             SchedulerConfig::DefaultScheduler {
@@ -119,20 +119,25 @@ pub async fn load_peer_model(
         if cfg.prefix_cache {
             builder = builder.with_prefix_cache_n(16);
         }
-        Ok::<_, String>(builder.build().await)
+        Ok::<_, Box<dyn std::error::Error + Send + Sync>>(builder.build().await)
     });
+    let failed = |source: Box<dyn std::error::Error + Send + Sync>| PeerError::LoadFailed {
+        path: model_path.to_path_buf(),
+        source,
+    };
     match handle.await {
         Ok(Ok(engine)) => Ok(engine),
-        Ok(Err(msg)) => Err(load_err(msg)),
-        Err(e) => Err(load_err(format!("mistral.rs panicked while loading: {e}"))),
+        Ok(Err(e)) => Err(failed(e)),
+        Err(panicked) => Err(failed(Box::new(panicked))),
     }
 }
 
 /// The request channel of a loaded engine.
 pub fn sender(engine: &MistralRs) -> Result<Sender<Request>, PeerError> {
-    engine
-        .get_sender(None)
-        .map_err(|e| PeerError::Request(format!("no engine: {e}")))
+    engine.get_sender(None).map_err(|e| PeerError::Rejected {
+        what: "no engine",
+        source: Box::new(e),
+    })
 }
 
 /// Our sampling settings as mistral.rs's. Greedy is temperature 0 (mistral.rs treats a
@@ -218,9 +223,24 @@ pub async fn complete(
         .ok_or_else(|| PeerError::Request("the engine dropped the request".into()))?;
     let done = match response {
         Response::CompletionDone(r) => r,
-        Response::CompletionModelError(msg, _) => return Err(PeerError::Request(msg)),
-        Response::ValidationError(e) => return Err(PeerError::Request(format!("validation: {e}"))),
-        Response::InternalError(e) => return Err(PeerError::Request(format!("internal: {e}"))),
+        Response::CompletionModelError(msg, _) => {
+            return Err(PeerError::Rejected {
+                what: "model error",
+                source: msg.into(),
+            })
+        }
+        Response::ValidationError(e) => {
+            return Err(PeerError::Rejected {
+                what: "validation",
+                source: Box::<dyn std::error::Error + Send + Sync>::from(e),
+            })
+        }
+        Response::InternalError(e) => {
+            return Err(PeerError::Rejected {
+                what: "internal",
+                source: Box::<dyn std::error::Error + Send + Sync>::from(e),
+            })
+        }
         _ => {
             return Err(PeerError::Request(
                 "unexpected response kind to a completion request".into(),

@@ -110,7 +110,7 @@ async fn run_batch(
     }
     let mut generated = 0u64;
     while let Some(joined) = jobs.join_next().await {
-        let c = joined.map_err(|e| PeerError::Task(e.to_string()))??;
+        let c = joined.map_err(PeerError::Task)??;
         generated += c.completion_tokens as u64;
     }
     Ok(generated)

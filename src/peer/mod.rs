@@ -56,17 +56,42 @@ pub enum PeerError {
     /// Our side: the environment.
     #[error(transparent)]
     Env(#[from] EnvError),
-    /// mistral.rs could not load the model file.
+    /// The model file cannot be handed to mistral.rs (`msg` says why: not a file, a
+    /// name that is not UTF-8).
     #[error("mistral.rs could not load {}: {msg}", .path.display())]
     Load { path: PathBuf, msg: String },
-    /// mistral.rs rejected or failed a request.
+    /// mistral.rs failed loading the model file, or panicked doing it; its error is
+    /// the source (boxed: mistral.rs's loader answers with `anyhow`).
+    #[error("mistral.rs could not load {}", .path.display())]
+    LoadFailed {
+        path: PathBuf,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A request to mistral.rs got no usable answer (`0` says what came back).
     #[error("mistral.rs request failed: {0}")]
     Request(String),
+    /// mistral.rs refused or failed a request (`what`: how); its error is the source
+    /// (boxed: its responses carry boxed errors and bare messages).
+    #[error("mistral.rs request failed: {what}")]
+    Rejected {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A task of ours panicked or was cancelled.
-    #[error("peer task failed: {0}")]
-    Task(String),
+    #[error("peer task failed")]
+    Task(#[source] tokio::task::JoinError),
     /// llama.cpp failed: loading the model, making a context, or a decode.
     #[cfg(feature = "llamacpp")]
-    #[error("llama.cpp: {0}")]
+    #[error("llama.cpp")]
     LlamaCpp(#[from] llama_cpp_2::LlamaCppError),
+    /// llama.cpp refused a KV-cache operation (`what`); its error is the source.
+    #[cfg(feature = "llamacpp")]
+    #[error("llama.cpp: {what}")]
+    LlamaCppCache {
+        what: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
