@@ -39,6 +39,6 @@ pub enum AdvantageError {
     NotALeaf { tree: usize, node: NodeIdx },
     #[error("tree {tree}: no advantage for leaf {node} (advantages from another forest?)")]
     MissingAdvantage { tree: usize, node: NodeIdx },
-    #[error("unknown advantage mode {0:?} (expected tree, tree-2norm, inter, intra or grpo)")]
-    UnknownMode(String),
+    #[error("unknown advantage mode {given:?} (expected tree, tree-2norm, inter, intra or grpo)")]
+    UnknownMode { given: String },
 }

@@ -74,7 +74,9 @@ impl FromStr for AdvantageMode {
         Self::ALL
             .into_iter()
             .find(|m| m.name() == s)
-            .ok_or_else(|| AdvantageError::UnknownMode(s.to_string()))
+            .ok_or_else(|| AdvantageError::UnknownMode {
+                given: s.to_string(),
+            })
     }
 }
 

@@ -2,6 +2,7 @@
 //! training reward and eval reward against cumulative computed tokens, one colour per
 //! run, with a legend. Plain data in, a string out; drawn with `plotters`.
 
+use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::*;
 
 /// One run's curves. Points are (cumulative computed tokens, reward).
@@ -15,14 +16,11 @@ pub struct RewardSeries {
     pub eval: Vec<(f64, f64)>,
 }
 
-/// A chart that could not be drawn.
+/// A chart that could not be drawn; plotters' error (of the SVG backend, which writes
+/// through `std::io`) is the source.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot draw the chart: {0}")]
-pub struct PlotError(String);
-
-fn err(e: impl std::fmt::Display) -> PlotError {
-    PlotError(e.to_string())
-}
+#[error("cannot draw the chart")]
+pub struct PlotError(#[from] pub DrawingAreaErrorKind<std::io::Error>);
 
 /// The run colours, in order (plotters' palette, readable on white).
 fn colour(i: usize) -> RGBColor {
@@ -42,42 +40,34 @@ pub fn reward_svg(series: &[RewardSeries], width: u32, height: u32) -> Result<St
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
+        root.fill(&WHITE)?;
         let (plot_area, legend_area) = root.split_horizontally(width.saturating_sub(LEGEND_W));
         let mut chart = ChartBuilder::on(&plot_area)
             .caption("reward vs tokens computed", ("sans-serif", 20))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(52)
-            .build_cartesian_2d(0.0..x_max * 1.02, 0.0..y_max)
-            .map_err(err)?;
+            .build_cartesian_2d(0.0..x_max * 1.02, 0.0..y_max)?;
         chart
             .configure_mesh()
             .x_desc("cumulative tokens computed (rollouts)")
             .y_desc("mean reward")
             .x_label_formatter(&|x| format!("{:.0}k", x / 1000.0))
-            .draw()
-            .map_err(err)?;
+            .draw()?;
         for (i, s) in series.iter().enumerate() {
             let c = colour(i);
-            chart
-                .draw_series(LineSeries::new(s.reward.iter().copied(), c.stroke_width(2)))
-                .map_err(err)?;
-            chart
-                .draw_series(LineSeries::new(s.eval.iter().copied(), c.stroke_width(1)))
-                .map_err(err)?;
-            chart
-                .draw_series(s.eval.iter().map(|&p| Circle::new(p, 4, c.filled())))
-                .map_err(err)?;
+            chart.draw_series(LineSeries::new(s.reward.iter().copied(), c.stroke_width(2)))?;
+            chart.draw_series(LineSeries::new(s.eval.iter().copied(), c.stroke_width(1)))?;
+            chart.draw_series(s.eval.iter().map(|&p| Circle::new(p, 4, c.filled())))?;
         }
         draw_legend(&legend_area, series)?;
-        root.present().map_err(err)?;
+        root.present()?;
     }
     Ok(svg)
 }
 
 /// One legend row per run: its colour as the rollout line and the eval dot, its label.
-fn draw_legend<DB: DrawingBackend>(
+fn draw_legend<DB: DrawingBackend<ErrorType = std::io::Error>>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     series: &[RewardSeries],
 ) -> Result<(), PlotError> {
@@ -86,19 +76,14 @@ fn draw_legend<DB: DrawingBackend>(
         "line: rollouts (T as sampled)",
         (8, 44),
         text.clone(),
-    ))
-    .map_err(err)?;
-    area.draw(&Text::new("dot: eval (greedy)", (8, 62), text.clone()))
-        .map_err(err)?;
+    ))?;
+    area.draw(&Text::new("dot: eval (greedy)", (8, 62), text.clone()))?;
     for (i, s) in series.iter().enumerate() {
         let c = colour(i);
         let y = 92 + 22 * i as i32;
-        area.draw(&PathElement::new(vec![(8, y), (30, y)], c.stroke_width(2)))
-            .map_err(err)?;
-        area.draw(&Circle::new((19, y), 4, c.filled()))
-            .map_err(err)?;
-        area.draw(&Text::new(s.label.clone(), (38, y - 7), text.clone()))
-            .map_err(err)?;
+        area.draw(&PathElement::new(vec![(8, y), (30, y)], c.stroke_width(2)))?;
+        area.draw(&Circle::new((19, y), 4, c.filled()))?;
+        area.draw(&Text::new(s.label.clone(), (38, y - 7), text.clone()))?;
     }
     Ok(())
 }

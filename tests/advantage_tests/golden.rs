@@ -314,7 +314,9 @@ fn mode_names_round_trip() {
     assert_eq!(AdvantageMode::default(), Tree);
     assert_eq!(
         "tree2norm".parse::<AdvantageMode>().unwrap_err(),
-        AdvantageError::UnknownMode("tree2norm".into())
+        AdvantageError::UnknownMode {
+            given: "tree2norm".into()
+        }
     );
     assert_eq!(STD_EPS, E);
 }
