@@ -19,7 +19,7 @@
 //! 8. [`view`] — presentation: a forest drawn as one self-contained HTML page.
 //! 9. [`closed_loop`] — `treegrpo sft` and `treegrpo train`: the warm-start, then
 //!    rollouts → advantages → update → weight swap, step after step.
-//! 10. [`bench`] — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
+//! 10. [`bench`](mod@bench) — `treegrpo bench`: every rollout mode (and the mistral.rs peer with the
 //!     `mistralrs` feature) on the same prompts and seed, and decode and prefill speed
 //!     (beside llama.cpp's with the `llamacpp` feature), measured.
 //!

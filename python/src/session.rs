@@ -110,6 +110,10 @@ impl Session {
         let seq = self.id()?;
         let engine = self.engine.clone();
         let forks = wait(py, async move {
+            // The parent's last sampled token is not in the KV cache yet: computing it
+            // once here lets every branch inherit it (else each would compute it, as
+            // the server's fork avoids the same way).
+            engine.prefill(seq).await.map_err(engine_error)?;
             // All or nothing: forks made before a failure are released on drop.
             let mut forks = Vec::with_capacity(n);
             for _ in 0..n {

@@ -59,6 +59,22 @@ def test_fork_then_generate_equals_a_fresh_session_and_reuses_the_prefix(engine)
     assert forked.logprobs == recomputed.logprobs
 
 
+def test_fork_computes_the_parents_last_token_once_for_every_branch(engine):
+    ids = engine.tokenizer.apply_chat_template([{"role": "user", "content": "Name a fruit."}])
+    with engine.session(ids) as parent:
+        parent.generate(max_tokens=5)
+        tokens = parent.tokens
+        before = engine.stats()["counters"]
+        children = parent.fork(3)
+        after = engine.stats()["counters"]
+        for child in children:
+            assert child.tokens == tokens
+            child.close()
+    # Each branch inherits every token of the session, the last sampled one included
+    # (computed once by the fork, not once per branch).
+    assert after["reused_fork"] - before["reused_fork"] == 3 * len(tokens)
+
+
 def test_session_append_and_tokens(engine):
     tok = engine.tokenizer
     with engine.session(tok.encode("Hello")) as s:
