@@ -24,6 +24,42 @@
 //!     (beside llama.cpp's with the `llamacpp` feature), measured.
 //!
 //! See `ARCHITECTURE.md` for the invariants and where to change what.
+//!
+//! ## Example
+//!
+//! (2, 2, 1) Tree-GRPO rollouts of four calculator questions on the default model
+//! (fetched on first use), written as `trajectories.jsonl`, `forest.jsonl` and
+//! `summary.json` with each leaf's advantage — what `treegrpo rollout --task calc
+//! --prompts 4 --out runs/r` does. The options go through the one checked constructor
+//! every way in uses ([`rollout::TreeOptions::config`]). `examples/` has more: an
+//! embedded engine forking a session, a custom environment, an update.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use treegrpo::engine::{Engine, EngineConfig};
+//! use treegrpo::env::{Task, TaskData};
+//! use treegrpo::model::{fetch, LoadedModel};
+//! use treegrpo::rollout::{run_rollout, Output, RolloutRequest, RunHooks, RunOptions, TreeOptions};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let path = fetch::ensure_default_model(&mut |msg| eprintln!("{msg}"))?;
+//! let engine = Engine::start(Arc::new(LoadedModel::load(&path)?), EngineConfig::default())?;
+//! // The calculator task with one tool turn, and its first four training questions.
+//! let (env, samples) = Task::Calc.setup(&TaskData::Embedded, 1, 4)?;
+//! let config = TreeOptions { max_step_tokens: 64, ..TreeOptions::default() }.config()?;
+//! let request = RolloutRequest {
+//!     env,
+//!     samples,
+//!     options: RunOptions::new(config.default_advantage()),
+//!     config,
+//! };
+//! let hooks = RunHooks { output: Some(Output::create("runs/r".as_ref())?), ..RunHooks::default() };
+//! let result = tokio::runtime::Runtime::new()?.block_on(run_rollout(engine, request, hooks))?;
+//! let tokens = &result.summary.tokens;
+//! println!("{} rollouts: {} tokens computed, {} reused", result.summary.rollouts, tokens.computed, tokens.reused);
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod advantage;
 pub mod bench;
