@@ -1,7 +1,6 @@
 //! `treegrpo bench`: every rollout mode on the same prompts and seed, as a markdown
 //! table or JSON (the figures BENCHMARKS.md quotes).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -13,6 +12,8 @@ use treegrpo::bench::{
 use treegrpo::engine::Sampling;
 use treegrpo::env::{Environment, QaSample};
 use treegrpo::model::LoadedModel;
+
+use super::progress::Progress;
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -201,22 +202,18 @@ fn measure_rows(
     rows: &[BenchRow],
     report: &mut BenchReport,
 ) -> anyhow::Result<()> {
-    let n = rows.len();
+    // A bar over the rows and, under it, one over the row's prompts.
+    let prompts = work.samples.len() as u64;
+    let modes = Progress::new("bench", "modes", rows.len() as u64);
+    let row_bar = modes.below("bench", "prompts", prompts);
     for (i, row) in rows.iter().enumerate() {
         let run = match row {
             BenchRow::Ours(mode) => {
-                let label = mode.label.clone();
+                modes.update(i as u64, format!("running {}", mode.label));
+                row_bar.restart(&mode.label, "prompts", prompts);
+                let shown = row_bar.clone();
                 let progress = move |p: treegrpo::rollout::Progress| {
-                    eprint!(
-                        "\r[{}/{n}] {label}: {}/{} prompts, {} rollouts, {} tokens, {:.0} tok/s   ",
-                        i + 1,
-                        p.prompts_done,
-                        p.prompts,
-                        p.rollouts,
-                        p.computed_tokens,
-                        p.computed_tokens as f64 / p.seconds.max(1e-9)
-                    );
-                    let _ = std::io::stderr().flush();
+                    shown.update(p.prompts_done as u64, super::rollout::rollout_message(&p));
                 };
                 rt.block_on(run_mode(
                     &work.model,
@@ -229,10 +226,9 @@ fn measure_rows(
             }
             #[cfg(feature = "mistralrs")]
             BenchRow::PeerChain(chains) => {
-                eprint!(
-                    "[{}/{n}] mistralrs-chain-{chains}: running (mistral.rs reports no progress) …",
-                    i + 1
-                );
+                let label = format!("mistralrs-chain-{chains}");
+                modes.update(i as u64, format!("running {label}"));
+                row_bar.status(&label, "running (mistral.rs reports no progress)");
                 rt.block_on(treegrpo::bench::run_mistralrs_chain(
                     &work.model_path,
                     &work.model,
@@ -243,10 +239,12 @@ fn measure_rows(
                 ))?
             }
         };
-        eprintln!();
-        eprintln!("{}", serde_json::to_string(&run)?);
+        modes.println(serde_json::to_string(&run)?);
+        modes.update(i as u64 + 1, String::new());
         report.runs.push(run);
     }
+    row_bar.clear();
+    modes.finish();
     Ok(())
 }
 

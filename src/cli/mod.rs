@@ -7,6 +7,7 @@ mod generate;
 mod interrupt;
 mod model;
 mod plot;
+mod progress;
 mod rollout;
 mod serve;
 mod sft;

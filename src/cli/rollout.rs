@@ -1,6 +1,5 @@
 //! `treegrpo rollout`: tree (or chain) rollouts on a built-in task, written for trainers.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -10,6 +9,8 @@ use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::rollout::{
     run_rollout, Interrupt, Output, RolloutRequest, RunHooks, RunOptions, RunSummary, TreeConfig,
 };
+
+use super::progress::Progress;
 
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
@@ -67,16 +68,10 @@ pub async fn execute(
     let data = a.source.data();
     let (env, samples) = a.source.task.setup(&data, a.tree.step.turns, a.prompts)?;
     let advantage = a.advantage.unwrap_or(cfg.default_advantage());
-    let progress = |p: treegrpo::rollout::Progress| {
-        eprint!(
-            "\r[{}/{} prompts] {} rollouts, {} tokens computed, {:.0} tok/s   ",
-            p.prompts_done,
-            p.prompts,
-            p.rollouts,
-            p.computed_tokens,
-            p.computed_tokens as f64 / p.seconds.max(1e-9)
-        );
-        let _ = std::io::stderr().flush();
+    let bar = Progress::new("rollout", "prompts", samples.len() as u64);
+    let shown = bar.clone();
+    let progress = move |p: treegrpo::rollout::Progress| {
+        shown.update(p.prompts_done as u64, rollout_message(&p));
     };
     let options = RunOptions {
         advantage,
@@ -95,9 +90,19 @@ pub async fn execute(
         progress: Some(Box::new(progress)),
         interrupt,
     };
-    let summary = run_rollout(engine, request, hooks).await?.summary;
-    eprintln!();
-    Ok(summary)
+    let result = run_rollout(engine, request, hooks).await;
+    bar.finish();
+    Ok(result?.summary)
+}
+
+/// What a rollout's bar shows beside its prompts (bench's rows show the same).
+pub(crate) fn rollout_message(p: &treegrpo::rollout::Progress) -> String {
+    format!(
+        "{} rollouts, {} tokens computed, {:.0} tok/s",
+        p.rollouts,
+        p.computed_tokens,
+        p.computed_tokens as f64 / p.seconds.max(1e-9)
+    )
 }
 
 pub fn run(a: RolloutArgs) -> anyhow::Result<()> {

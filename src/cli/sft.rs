@@ -1,19 +1,21 @@
 //! `treegrpo sft`: the supervised warm-start on the task oracle's demonstrations,
 //! written as an HF checkpoint (with `sft_log.jsonl` and `sft_summary.json` in it).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use candle_core::DType;
 use clap::Args;
 use treegrpo::closed_loop::{
-    run_warm_start, SftConfig, SftStepLog, WarmStartConfig, WarmStartEvent, WarmStartInputs,
+    run_warm_start, EvalPoint, SftConfig, SftStepLog, WarmStartConfig, WarmStartEvent,
+    WarmStartInputs,
 };
 use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::Split;
 use treegrpo::model::kernels::WeightFormat;
 use treegrpo::train::Params;
+
+use super::progress::Progress;
 
 #[derive(Debug, Args)]
 pub struct SftArgs {
@@ -46,17 +48,84 @@ pub struct SftArgs {
     pub out: PathBuf,
 }
 
-/// One warm-start step on the progress line.
-pub(crate) fn print_sft_step(l: &SftStepLog, epochs: usize, total_steps: usize) {
-    eprint!(
-        "\rwarm-start epoch {}/{epochs} step {}/{total_steps}: nll {:.4}, grad norm {:.3}, {:.0} s   ",
+/// A warm-start's events on stderr (`treegrpo sft`, and `treegrpo train
+/// --warm-start`), on one display: its steps as a bar (from the start, which the
+/// oracle's demonstrations are part of), an evaluation as a status until it ends,
+/// results as lines above.
+pub(crate) struct WarmStartView {
+    bar: Progress,
+    prefix: &'static str,
+    /// The questions the oracle's demonstrations come from.
+    questions: usize,
+}
+
+impl WarmStartView {
+    /// Made just before the warm-start runs: its time counts from here.
+    pub(crate) fn new(prefix: &'static str, questions: usize) -> Self {
+        WarmStartView {
+            bar: Progress::new(prefix, "steps", 0),
+            prefix,
+            questions,
+        }
+    }
+
+    pub(crate) fn show(&mut self, e: WarmStartEvent<'_>) {
+        let prefix = self.prefix;
+        match e {
+            WarmStartEvent::Evaluating { prompts, .. } => {
+                let message = format!("evaluating on {prompts} test questions (greedy)");
+                self.bar.status(prefix, &message);
+            }
+            WarmStartEvent::Evaluated { point, evaluation } => {
+                let when = match point {
+                    EvalPoint::Before => "before",
+                    EvalPoint::After => "after",
+                };
+                self.bar.println(format!(
+                    "{prefix}: mean reward {when} {:.3} ({:.0} s)",
+                    evaluation.mean_reward, evaluation.seconds
+                ));
+                match point {
+                    // The demonstrations and the steps start now.
+                    EvalPoint::Before => self.bar.restart(prefix, "steps", 0),
+                    EvalPoint::After => self.bar.clear(),
+                }
+            }
+            WarmStartEvent::Step {
+                line,
+                epochs,
+                total,
+            } => {
+                self.bar.set_length(total as u64);
+                self.bar.update(line.step, step_message(line, epochs));
+            }
+            WarmStartEvent::Trained(ws) => {
+                self.bar.finish();
+                let nll = |l: Option<&SftStepLog>| l.map_or(0.0, |l| l.nll);
+                self.bar.println(format!(
+                    "{prefix}: {} steps, nll {:.3} → {:.3}; {} demonstrations of {} questions \
+                     (mean reward {:.3}), {} model tokens",
+                    ws.steps.len(),
+                    nll(ws.steps.first()),
+                    nll(ws.steps.last()),
+                    ws.demonstrations,
+                    self.questions,
+                    ws.demonstration_reward,
+                    ws.model_tokens
+                ));
+            }
+        }
+    }
+}
+
+/// What a warm-start step's bar shows beside the steps.
+fn step_message(l: &SftStepLog, epochs: usize) -> String {
+    format!(
+        "epoch {}/{epochs}, nll {:.4}, grad norm {:.3}",
         l.epoch + 1,
-        l.step,
         l.nll,
-        l.grad_norm,
-        l.seconds
-    );
-    let _ = std::io::stderr().flush();
+        l.grad_norm
+    )
 }
 
 pub fn run(a: SftArgs) -> anyhow::Result<()> {
@@ -99,34 +168,10 @@ pub fn run(a: SftArgs) -> anyhow::Result<()> {
         test: &test,
         params: &params,
     };
-    let questions = demos.len();
-    let warm = rt.block_on(run_warm_start(inputs, &cfg, &mut |e| show(e, questions)))?;
+    let mut view = WarmStartView::new("sft", demos.len());
+    let warm = rt.block_on(run_warm_start(inputs, &cfg, &mut |e| view.show(e)))?;
     warm.save_checkpoint(&a.out, &params, &model)?;
     println!("{}", serde_json::to_string(&warm.record)?);
     eprintln!("wrote {}", a.out.display());
     Ok(())
-}
-
-/// A warm-start event on stderr.
-fn show(e: WarmStartEvent<'_>, questions: usize) {
-    match e {
-        WarmStartEvent::Evaluating { prompts, .. } => {
-            eprint!("evaluating on {prompts} test questions (greedy) … ")
-        }
-        WarmStartEvent::Evaluated { evaluation: e, .. } => {
-            eprintln!("mean reward {:.3} ({:.0} s)", e.mean_reward, e.seconds)
-        }
-        WarmStartEvent::Step {
-            line,
-            epochs,
-            total,
-        } => print_sft_step(line, epochs, total),
-        WarmStartEvent::Trained(ws) => {
-            eprintln!();
-            eprintln!(
-                "{} demonstrations of {questions} questions (mean reward {:.3}), {} model tokens",
-                ws.demonstrations, ws.demonstration_reward, ws.model_tokens
-            );
-        }
-    }
 }

@@ -2,16 +2,15 @@
 //! advantages, one update, the new weights swapped into the engine, step after step;
 //! `log.jsonl`, checkpoints, `--resume`, and `reward.svg` at the end.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use candle_core::DType;
 use clap::{Args, ValueEnum};
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::closed_loop::{
     run_warm_start, LoopConfig, LoopEvent, LoopOutcome, RunSource, RunStart, SftConfig, StepLog,
-    StopSignal, TrainRun, WarmStartConfig, WarmStartEvent, WarmStartInputs,
+    StopSignal, TrainRun, WarmStartConfig, WarmStartInputs,
 };
 use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::{Environment, QaSample, Split};
@@ -20,6 +19,7 @@ use treegrpo::model::LoadedModel;
 use treegrpo::train::{KlReference, Optimizer, Params};
 
 use super::flags::{TaskFlags, TreeFlags, UpdateFlags};
+use super::progress::Progress;
 
 /// How the engine holds the trainer's weights after an update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -241,15 +241,9 @@ fn prepare(
             test: &l.test,
             params: &params,
         };
-        let warm = rt.block_on(run_warm_start(inputs, &cfg, &mut show_warm_start))?;
+        let mut view = super::sft::WarmStartView::new("warm-start", l.demos.len());
+        let warm = rt.block_on(run_warm_start(inputs, &cfg, &mut |e| view.show(e)))?;
         warm.write_to_run(&out)?;
-        let r = &warm.record;
-        eprintln!(
-            "warm-start: {} demonstrations, nll {:.3} → {:.3}",
-            r.demonstrations,
-            r.first_nll.unwrap_or(0.0),
-            r.last_nll.unwrap_or(0.0)
-        );
         Some(warm)
     } else {
         None
@@ -284,6 +278,9 @@ fn drive(
 ) -> anyhow::Result<LoopOutcome> {
     let stop = Arc::new(StopSignal::default());
     let signal = stop.clone();
+    let view = Arc::new(Mutex::new(TrainView::new(steps, run.state.step)));
+    let shown = view.clone();
+    let bar = lock(&view).steps.clone();
     let (first, second) = (
         super::interrupt::next_sigint(),
         super::interrupt::nth_sigint(2),
@@ -292,13 +289,15 @@ fn drive(
         // First Ctrl-C: stop at the next safe point (the step in progress is dropped;
         // log and checkpoint stay whole). Second: leave at once (both are still whole).
         first.await;
-        eprintln!("\ninterrupted: stopping (Ctrl-C again to quit now)");
+        bar.println("interrupted: stopping (Ctrl-C again to quit now)");
         signal.raise();
         second.await;
         std::process::exit(130);
     });
-    let on_event = Box::new(move |e: LoopEvent<'_>| show_event(e, steps));
-    Ok(rt.block_on(run.run(stop, on_event))?)
+    let on_event = Box::new(move |e: LoopEvent<'_>| lock(&shown).show(e));
+    let outcome = rt.block_on(run.run(stop, on_event));
+    lock(&view).finish();
+    Ok(outcome?)
 }
 
 /// The reward plot, where the files are, and status 130 after an interrupt.
@@ -320,48 +319,99 @@ fn finish(out: &Path, outcome: LoopOutcome) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A warm-start event on stderr.
-fn show_warm_start(e: WarmStartEvent<'_>) {
-    match e {
-        WarmStartEvent::Evaluating { prompts, .. } => {
-            eprint!("evaluating the untrained model on {prompts} test questions (greedy) … ")
+/// The loop's events: a bar over the run's steps and, under it, one over the phase
+/// of the step in progress (its rollout's prompts, its update's tokens, an
+/// evaluation); each finished step's line on stdout. A phase's bar starts when the
+/// one before it ends (the loop reports only what is done), so its rate and ETA
+/// count its whole time.
+struct TrainView {
+    steps: Progress,
+    phase: Progress,
+    /// The step and phase the phase bar shows.
+    showing: Option<(u64, Phase)>,
+    last_step: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Rollout,
+    Update,
+}
+
+impl TrainView {
+    /// Made just before the loop runs: the run's `steps`, `done` of them before this
+    /// process (a resumed run), the next one's rollout starting now.
+    fn new(steps: u64, done: u64) -> Self {
+        let bar = Progress::new("train", "steps", steps);
+        bar.start_at(done);
+        let phase = bar.below(&format!("step {} rollout", done + 1), "prompts", 0);
+        TrainView {
+            steps: bar,
+            phase,
+            showing: Some((done + 1, Phase::Rollout)),
+            last_step: steps,
         }
-        WarmStartEvent::Evaluated { evaluation, .. } => {
-            eprintln!("eval reward {:.3}", evaluation.mean_reward)
+    }
+
+    /// Shows `phase` of `step` from now (unless it does already).
+    fn start(&mut self, step: u64, phase: Phase) {
+        if self.showing == Some((step, phase)) {
+            return;
         }
-        WarmStartEvent::Step {
-            line,
-            epochs,
-            total,
-        } => super::sft::print_sft_step(line, epochs, total),
-        WarmStartEvent::Trained(_) => eprintln!(),
+        self.showing = Some((step, phase));
+        match phase {
+            Phase::Rollout => self
+                .phase
+                .restart(&format!("step {step} rollout"), "prompts", 0),
+            Phase::Update => self
+                .phase
+                .restart(&format!("step {step} update"), "tokens", 0),
+        }
+    }
+
+    fn show(&mut self, e: LoopEvent<'_>) {
+        match e {
+            LoopEvent::Rollout { step, progress: p } => {
+                self.start(step, Phase::Rollout);
+                self.phase.set_length(p.prompts as u64);
+                let message = super::rollout::rollout_message(&p);
+                self.phase.update(p.prompts_done as u64, message);
+                if p.prompts_done == p.prompts {
+                    self.start(step, Phase::Update);
+                }
+            }
+            LoopEvent::Update { step, progress: p } => {
+                self.start(step, Phase::Update);
+                super::update::show_update(&self.phase, &p);
+            }
+            LoopEvent::Evaluating { step } => {
+                self.showing = None;
+                self.phase
+                    .status(&format!("step {step} eval"), "greedy, test split");
+            }
+            LoopEvent::Step(line) => {
+                self.steps.suspend(|| print_step(line));
+                if line.step > 0 {
+                    let message = format!("reward {:.3}", line.reward_mean);
+                    self.steps.update(line.step, message);
+                }
+                if line.step < self.last_step {
+                    self.start(line.step + 1, Phase::Rollout);
+                }
+            }
+            LoopEvent::Checkpoint { .. } => {}
+        }
+    }
+
+    fn finish(&self) {
+        self.phase.clear();
+        self.steps.finish();
     }
 }
 
-/// A loop event on stderr (progress) or stdout (a finished step).
-fn show_event(e: LoopEvent<'_>, steps: u64) {
-    match e {
-        LoopEvent::Rollout { step, progress: p } => eprint!(
-            "\r[step {step}/{steps}] rollout {}/{} prompts, {} rollouts, {:.0} tok/s      ",
-            p.prompts_done,
-            p.prompts,
-            p.rollouts,
-            p.computed_tokens as f64 / p.seconds.max(1e-9)
-        ),
-        LoopEvent::Update { step, progress: p } => eprint!(
-            "\r[step {step}/{steps}] update micro-batch {}/{} ({}/{} rows)          ",
-            p.micro_batches_done, p.micro_batches, p.rows_done, p.rows
-        ),
-        LoopEvent::Evaluating { step } => {
-            eprint!("\r[step {step}/{steps}] evaluating (greedy, test split)          ")
-        }
-        LoopEvent::Step(line) => {
-            eprint!("\r");
-            print_step(line);
-        }
-        LoopEvent::Checkpoint { .. } => {}
-    }
-    let _ = std::io::stderr().flush();
+/// The view, even if a panic elsewhere poisoned its lock (it only shows).
+fn lock(view: &Mutex<TrainView>) -> MutexGuard<'_, TrainView> {
+    view.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn print_step(l: &StepLog) {

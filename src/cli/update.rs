@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use clap::Args;
 use treegrpo::train::input::read_trajectories;
-use treegrpo::train::update_checkpoint;
+use treegrpo::train::{update_checkpoint, UpdateProgress};
+
+use super::progress::Progress;
 
 #[derive(Debug, Args)]
 pub struct UpdateArgs {
@@ -37,6 +39,16 @@ fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// An update's micro-batch on its bar. The unit is the packed token rows forwarded
+/// (micro-batches differ in size): the tokens/s a trainer is measured by.
+pub(crate) fn show_update(bar: &Progress, p: &UpdateProgress) {
+    bar.set_length(p.rows as u64);
+    bar.update(
+        p.rows_done as u64,
+        format!("micro-batch {}/{}", p.micro_batches_done, p.micro_batches),
+    );
+}
+
 pub fn run(a: UpdateArgs) -> anyhow::Result<()> {
     let t0 = Instant::now();
     a.update.check()?;
@@ -52,7 +64,7 @@ pub fn run(a: UpdateArgs) -> anyhow::Result<()> {
         Some(p) => p.to_path_buf(),
         None => treegrpo::model::fetch::default_model_path(),
     };
-    let t_update = Instant::now();
+    let bar = Progress::new("update", "tokens", 0);
     let report = update_checkpoint(
         m,
         &model_path,
@@ -60,18 +72,10 @@ pub fn run(a: UpdateArgs) -> anyhow::Result<()> {
         a.update.optimizer_config(),
         a.update.update_config(data.temperature),
         &a.out,
-        &mut |p| {
-            eprint!(
-                "\rmicro-batch {}/{}: {}/{} rows, {:.0} s",
-                p.micro_batches_done,
-                p.micro_batches,
-                p.rows_done,
-                p.rows,
-                t_update.elapsed().as_secs_f64()
-            );
-        },
-    )?;
-    eprintln!();
+        &mut |p| show_update(&bar, &p),
+    );
+    bar.finish();
+    let report = report?;
     let metrics = report.metrics;
     let mut line = serde_json::to_value(&metrics)?;
     line["seconds"] = t0.elapsed().as_secs_f64().into();
