@@ -13,8 +13,12 @@ use crate::rollout::{run_rollout, RolloutRequest, RunHooks, RunOptions, TreeConf
 /// A finished evaluation.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Evaluation {
+    /// Mean over the prompts of the reward their greedy answer earned, in the
+    /// environment's reward units.
     pub mean_reward: f64,
+    /// Number of held-out prompts evaluated, one greedy chain each.
     pub prompts: usize,
+    /// Wall-clock seconds the evaluation took.
     pub seconds: f64,
 }
 

@@ -14,6 +14,7 @@ use super::error::LoopError;
 pub struct StepTokens {
     /// Prompt and observation tokens computed.
     pub prefilled: u64,
+    /// Tokens the model sampled (model turns).
     pub decoded: u64,
     /// Needed but not computed (forks, prefix cache).
     pub reused: u64,
@@ -26,6 +27,7 @@ pub struct StepTokens {
 /// One line of `log.jsonl`. Step 0 is the evaluation before any update (no rollouts).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepLog {
+    /// The training step this line closes (0: the evaluation before any update).
     pub step: u64,
     /// The weights the step's rollouts were sampled under (the step before's policy).
     pub weight_version: u64,
@@ -33,26 +35,41 @@ pub struct StepLog {
     pub reward_mean: f64,
     /// Greedy mean reward on the task's test prompts, when evaluated after the step.
     pub eval_reward: Option<f64>,
+    /// Trajectories (leaves) the step's rollouts produced and the update trained on.
     pub rollouts: usize,
+    /// What the step's rollouts cost in tokens.
     pub tokens: StepTokens,
+    /// The update's total loss (see [`UpdateMetrics`](crate::train::UpdateMetrics));
+    /// 0 on step 0, as are the other update figures.
     pub loss: f64,
+    /// The loss's clipped policy-gradient part.
     pub pg_loss: f64,
     /// Mean negative log-likelihood of the loss tokens.
     pub nll: f64,
+    /// The aggregated k3 KL to the reference policy (nats).
     pub kl: f64,
+    /// The aggregated entropy at the loss tokens (nats).
     pub entropy: f64,
+    /// Global gradient norm before clipping.
     pub grad_norm: f64,
+    /// Fraction of loss tokens whose ratio was clipped.
     pub clip_fraction: f64,
+    /// Mean truncated importance weight over the loss tokens.
     pub tis_mean: f64,
     /// Max and mean `|trainer log p − rollout log p|` over the step's loss tokens
     /// (verl's `rollout_probs_diff`); absent on step 0 and in logs of older builds.
     #[serde(default)]
     pub rollout_logprob_diff_max: Option<f64>,
+    /// The mean of the same gap; absent likewise.
     #[serde(default)]
     pub rollout_logprob_diff_mean: Option<f64>,
+    /// The learning rate of the step's update (after warm-up).
     pub lr: f64,
+    /// Wall-clock seconds of the step's rollouts.
     pub rollout_seconds: f64,
+    /// Wall-clock seconds of the update, the frozen reference's scoring included.
     pub update_seconds: f64,
+    /// Wall-clock seconds of the evaluation after the step (0 when none ran).
     pub eval_seconds: f64,
 }
 

@@ -56,14 +56,18 @@ pub struct RunRecord {
     pub warm_start: usize,
     /// Steps the run was asked for.
     pub steps: u64,
+    /// Training prompts each step's rollouts ran.
     pub prompts_per_step: usize,
     /// The search's shape and sampling (the run's seed included).
     pub config: TreeConfig,
+    /// How the trajectories' advantages were computed.
     pub advantage: AdvantageMode,
+    /// The update's settings: loss coefficients, clipping, packing, micro-batch size.
     pub update: UpdateConfig,
     /// The optimiser's learning rate (also in `optimizer`; kept for readers of older
     /// records).
     pub lr: f64,
+    /// The optimiser the run trained with (kind, learning rate, betas, decay, warm-up).
     pub optimizer: OptimizerConfig,
     /// The KL term's reference (records of builds before the choice: the previous
     /// policy, all they knew).
@@ -143,6 +147,7 @@ pub struct WarmStartRecord {
     pub demonstration_reward: f64,
     /// Model tokens trained on per epoch.
     pub model_tokens: usize,
+    /// Passes over the demonstrations.
     pub epochs: usize,
     /// AdamW's learning rate.
     pub lr: f64,
@@ -150,6 +155,7 @@ pub struct WarmStartRecord {
     pub steps: usize,
     /// Mean negative log-likelihood before the first and the last step.
     pub first_nll: Option<f64>,
+    /// The mean negative log-likelihood before the last step (`None`: no step ran).
     pub last_nll: Option<f64>,
     /// Seconds of training (the demonstrations and evaluations not included).
     pub seconds: f64,
@@ -159,6 +165,8 @@ pub struct WarmStartRecord {
     /// Greedy mean reward on them before the warm-start and after it (a training run
     /// evaluates the warm weights as its step 0 in `log.jsonl` instead).
     pub eval_reward_before: Option<f64>,
+    /// The greedy mean reward after the warm-start (`None`: not evaluated, or a
+    /// record of an earlier build).
     #[serde(default)]
     pub eval_reward_after: Option<f64>,
 }

@@ -42,9 +42,12 @@ use crate::train::{
 pub struct LoopConfig {
     /// Steps to reach (a resumed run continues to the same number).
     pub steps: u64,
+    /// Training prompts each step's rollouts run (taken in order from the training
+    /// split, cycling); must be at least 1.
     pub prompts_per_step: usize,
     /// The search's shape and sampling; its seed is the run's (each step derives its own).
     pub tree: TreeConfig,
+    /// How trajectories' advantages are computed from their rewards.
     pub advantage: AdvantageMode,
     /// Most prompts whose forests grow at once (0: all).
     pub concurrent_prompts: usize,
@@ -53,6 +56,8 @@ pub struct LoopConfig {
     /// Evaluate every this many steps (and after the last; 0: only before the first and
     /// after the last step).
     pub eval_every: u64,
+    /// Test prompts each evaluation runs greedily (the first this many of the test
+    /// split; 0: no evaluations).
     pub eval_prompts: usize,
     /// Checkpoint every this many steps (and after the last; 0: only after the last).
     pub checkpoint_every: u64,
@@ -69,6 +74,8 @@ pub struct LoopConfig {
 pub struct LoopState {
     /// The last finished step (its update is in the checkpoint's weights).
     pub step: u64,
+    /// Tokens the model computed in rollouts over every finished step (the log's
+    /// `tokens.cumulative_computed` of `step`).
     pub cumulative_computed: u64,
     /// The engine's weight version when the run started: the policy after step `s` is
     /// served as version `base_version + s`.
@@ -80,15 +87,33 @@ pub struct LoopState {
 #[derive(Debug)]
 pub enum LoopEvent<'a> {
     /// A prompt of step `step`'s rollout finished.
-    Rollout { step: u64, progress: Progress },
+    Rollout {
+        /// The step whose rollouts are running (1-based).
+        step: u64,
+        /// Prompts done so far, rollouts and tokens, seconds.
+        progress: Progress,
+    },
     /// A micro-batch of step `step`'s update finished.
-    Update { step: u64, progress: UpdateProgress },
+    Update {
+        /// The step whose update is running.
+        step: u64,
+        /// Micro-batches and rows done so far.
+        progress: UpdateProgress,
+    },
     /// Evaluation after step `step` (0: before training) starts.
-    Evaluating { step: u64 },
+    Evaluating {
+        /// The step just finished (0: before the first update).
+        step: u64,
+    },
     /// Step `step` is done and logged.
     Step(&'a StepLog),
     /// A checkpoint was written.
-    Checkpoint { step: u64, dir: &'a Path },
+    Checkpoint {
+        /// The last step whose update the checkpoint holds.
+        step: u64,
+        /// The checkpoint folder (the run folder's `checkpoint/`).
+        dir: &'a Path,
+    },
 }
 
 /// A callback for [`LoopEvent`]s; called from the rollout's task too, hence `Send`.
@@ -107,10 +132,13 @@ impl Default for StopSignal {
 }
 
 impl StopSignal {
+    /// Asks the loop to stop; it does so at its next safe point. Raising twice is the
+    /// same as once.
     pub fn raise(&self) {
         self.0.send_replace(true);
     }
 
+    /// Whether [`Self::raise`] has been called.
     pub fn is_raised(&self) -> bool {
         *self.0.borrow()
     }
@@ -126,24 +154,38 @@ impl StopSignal {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LoopOutcome {
     /// Every step ran.
-    Finished { steps: u64 },
+    Finished {
+        /// The step the run ended at: `config.steps`.
+        steps: u64,
+    },
     /// Stopped by the [`StopSignal`] after `completed` steps.
-    Interrupted { completed: u64 },
+    Interrupted {
+        /// Steps finished and logged before the stop; the one in progress is lost.
+        completed: u64,
+    },
 }
 
 /// A training run: the engine serving the policy, the task, the trainer's weights and
 /// optimiser, and where the run's files go.
 pub struct TrainRun {
+    /// The engine the rollouts sample from; each update's weights are swapped into it.
     pub engine: Engine,
     /// The model the engine started with (tokenizer and template for checkpoints).
     pub model: Arc<LoadedModel>,
+    /// The task's environment: prompts, tools and rewards.
     pub env: Arc<dyn Environment>,
+    /// The training split: each step's prompts are the next `prompts_per_step` of
+    /// these, cycling.
     pub train: Vec<QaSample>,
+    /// The test split the evaluations draw their prompts from.
     pub test: Vec<QaSample>,
+    /// The trainer's f32 weights: the policy being trained.
     pub params: Params,
     /// The frozen start weights, with `KlReference::Start`.
     reference: Option<Params>,
+    /// The optimiser and its state, saved with every checkpoint.
     pub optimizer: Optimizer,
+    /// How the loop runs.
     pub config: LoopConfig,
     /// The run folder: `log.jsonl`, `checkpoint/`, plots.
     pub out: PathBuf,

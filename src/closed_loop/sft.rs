@@ -23,11 +23,13 @@ use crate::train::{
 /// How the warm-start runs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SftConfig {
+    /// Passes over the demonstrations (0: no training).
     pub epochs: usize,
     /// Demonstrations per optimiser step.
     pub batch_size: usize,
     /// Micro-batch rows and the grad-norm clip (the loss is fixed: NLL).
     pub micro_batch_tokens: usize,
+    /// Global gradient-norm clip of each step (0: none).
     pub max_grad_norm: f64,
     /// Seeds the shuffling of each epoch.
     pub seed: u64,
@@ -48,13 +50,19 @@ impl Default for SftConfig {
 /// One SFT step's figures (`sft_log.jsonl`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SftStepLog {
+    /// The epoch the step belongs to (0-based).
     pub epoch: usize,
+    /// The optimiser's step count after this step (1-based, across epochs).
     pub step: u64,
     /// Mean negative log-likelihood of the batch's model tokens, before the step.
     pub nll: f64,
+    /// Global gradient norm before clipping.
     pub grad_norm: f64,
+    /// Model tokens (loss tokens) in the batch.
     pub tokens: usize,
+    /// The learning rate of the step.
     pub lr: f64,
+    /// Wall-clock seconds of the step's update.
     pub seconds: f64,
 }
 
@@ -140,6 +148,7 @@ pub struct WarmStart {
     pub demonstration_reward: f64,
     /// Model tokens trained on per epoch.
     pub model_tokens: usize,
+    /// Every optimiser step's figures, in order (`sft_log.jsonl`).
     pub steps: Vec<SftStepLog>,
 }
 

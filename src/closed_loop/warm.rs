@@ -25,6 +25,7 @@ pub struct WarmStartConfig {
     pub task: Option<Task>,
     /// AdamW's learning rate (no weight decay).
     pub lr: f64,
+    /// The supervised steps: epochs, batch size, micro-batches, clipping, seed.
     pub sft: SftConfig,
     /// Most tokens per agent step in the evaluations.
     pub max_step_tokens: usize,
@@ -36,9 +37,11 @@ pub struct WarmStartConfig {
 
 /// What a warm-start works on.
 pub struct WarmStartInputs<'a> {
+    /// The model whose tokenizer and chat template render the demonstrations.
     pub model: &'a LoadedModel,
     /// Evaluates, and serves the warm weights; `None`: training only.
     pub engine: Option<&'a Engine>,
+    /// The task's environment: its oracle demonstrates, its rewards score evaluations.
     pub env: &'a Arc<dyn Environment>,
     /// The questions the oracle demonstrates.
     pub demos: &'a [QaSample],
@@ -51,7 +54,9 @@ pub struct WarmStartInputs<'a> {
 /// Before or after the warm-start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EvalPoint {
+    /// The model as it was, before any supervised step.
     Before,
+    /// The warm weights, after the last supervised step.
     After,
 }
 
@@ -59,16 +64,26 @@ pub enum EvalPoint {
 #[derive(Debug)]
 pub enum WarmStartEvent<'a> {
     /// An evaluation on `prompts` test questions starts.
-    Evaluating { point: EvalPoint, prompts: usize },
+    Evaluating {
+        /// Whether the weights evaluated are the start's or the warm ones.
+        point: EvalPoint,
+        /// Test questions evaluated, one greedy chain each.
+        prompts: usize,
+    },
     /// It finished.
     Evaluated {
+        /// Which weights were evaluated.
         point: EvalPoint,
+        /// The mean reward, prompts and seconds.
         evaluation: Evaluation,
     },
     /// A supervised step finished, of `total` in `epochs` epochs.
     Step {
+        /// The finished step's figures.
         line: &'a SftStepLog,
+        /// Epochs the warm-start runs.
         epochs: usize,
+        /// Optimiser steps the whole warm-start takes, over every epoch.
         total: usize,
     },
     /// The training is done (the warm weights are not yet served).
@@ -78,6 +93,7 @@ pub enum WarmStartEvent<'a> {
 /// A finished warm-start.
 #[derive(Debug)]
 pub struct WarmStarted {
+    /// What the warm-start did, as written to `warm_start.json` or `sft_summary.json`.
     pub record: WarmStartRecord,
     /// Its steps (`sft_log.jsonl`).
     pub steps: Vec<SftStepLog>,
