@@ -14,6 +14,9 @@ use super::body::ApiJson;
 use super::error::{error_chain, ServeError};
 use super::state::AppState;
 
+/// The JSON body of `POST /update_weights_from_disk`: `{"model_path": "..."}`, as
+/// SGLang's endpoint takes it (its `load_format` and `flush_cache` are accepted and
+/// ignored; any other field is a 400).
 #[derive(Debug, Deserialize)]
 pub struct UpdateWeightsRequest {
     /// An HF checkpoint directory (as `treegrpo train` and `sft` write them) or a GGUF.

@@ -55,9 +55,13 @@ impl<T: DeserializeOwned + KnownFields> FromRequest<AppState> for ApiJson<T> {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum PromptInput {
+    /// One prompt as text, encoded with the model's tokenizer.
     Text(String),
+    /// One prompt as token ids.
     Ids(Vec<i64>),
+    /// Several prompts as text: one completion (or `n`) per prompt.
     Texts(Vec<String>),
+    /// Several prompts as token ids.
     Batch(Vec<Vec<i64>>),
 }
 
@@ -65,11 +69,14 @@ pub enum PromptInput {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum OneOrMany {
+    /// A single stop string.
     One(String),
+    /// Several stop strings; generation stops at the first one produced.
     Many(Vec<String>),
 }
 
 impl OneOrMany {
+    /// The strings as a list, one or many alike.
     pub fn into_vec(self) -> Vec<String> {
         match self {
             OneOrMany::One(s) => vec![s],
@@ -82,26 +89,38 @@ impl OneOrMany {
 /// parts: the model reads text).
 #[derive(Debug, Clone, Deserialize)]
 pub struct MessageInput {
+    /// `role`: `system`, `user`, `assistant`, or whatever role the model's chat
+    /// template knows.
     pub role: String,
+    /// `content`: the message's text, as a string or a list of text parts.
     pub content: ContentInput,
 }
 
+/// A chat message's `content` field.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum ContentInput {
+    /// The whole text as one string.
     Text(String),
+    /// A list of parts (`[{"type": "text", "text": "..."}]`), joined in order.
     Parts(Vec<ContentPart>),
 }
 
+/// One element of a `content` list: only `{"type": "text", "text": ...}` parts
+/// are accepted; any other type is a 400.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
+    /// `type`: the part's kind; only `text` is supported.
     #[serde(rename = "type")]
     pub kind: String,
+    /// `text`: the part's text (required for a `text` part).
     #[serde(default)]
     pub text: Option<String>,
 }
 
 impl MessageInput {
+    /// The message with its parts joined into one text; a non-text part is a 400
+    /// naming `messages`.
     pub fn to_message(&self) -> Result<ChatMessage, ServeError> {
         let content = match &self.content {
             ContentInput::Text(t) => t.clone(),

@@ -33,8 +33,13 @@ impl TokenSpelling {
 /// token, or none) their alternatives.
 #[derive(Debug, Clone, Copy)]
 pub struct LoggedTokens<'a> {
+    /// The sampled tokens, in order.
     pub tokens: &'a [TokenId],
+    /// Each token's natural-log probability under the sampling temperature, one per
+    /// token.
     pub logprobs: &'a [f32],
+    /// Per token, its most likely alternatives with their logprobs; empty when none
+    /// were asked for.
     pub alternatives: &'a [Vec<SampledToken>],
 }
 

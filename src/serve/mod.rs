@@ -106,6 +106,9 @@ pub struct Server {
 }
 
 impl Server {
+    /// Binds `addr` (port 0 picks a free one) and prepares the routes over `engine`
+    /// with `config`; nothing is served until [`Self::run`]. Fails as the socket bind
+    /// does (address in use, no permission).
     pub async fn bind(
         addr: SocketAddr,
         engine: Engine,
@@ -117,10 +120,13 @@ impl Server {
         })
     }
 
+    /// The address actually bound: the port the OS chose when `bind` was given port 0.
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
+    /// The state the handlers will share (engine, sessions, metrics), for a caller that
+    /// embeds the server and wants to inspect it.
     pub fn state(&self) -> &AppState {
         &self.state
     }

@@ -37,6 +37,9 @@ struct SamplingParams {
     n: Option<usize>,
 }
 
+/// The JSON body of `POST /generate` in SGLang's shape: `text` or `input_ids` (one
+/// input or a batch), `sampling_params`, `return_logprob`, `stream`, `rid`. A field
+/// it does not know is a 400 naming it.
 #[derive(Debug, Deserialize)]
 pub struct GenerateRequest {
     #[serde(default)]

@@ -97,8 +97,11 @@ impl CommonFields {
     ];
 }
 
+/// `stream_options` of a streamed request.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StreamOptions {
+    /// `include_usage`: send a last chunk with the request's token `usage` before
+    /// `[DONE]`.
     #[serde(default)]
     pub include_usage: bool,
 }
@@ -170,6 +173,8 @@ impl CommonFields {
     }
 }
 
+/// The JSON body of `POST /v1/completions` (OpenAI's fields, vLLM's extensions);
+/// a field it does not know is a 400 naming it.
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
     prompt: PromptInput,
@@ -190,15 +195,27 @@ pub struct CompletionRequest {
 
 /// A prepared request: prompts as token ids, the sampling fields, the seed.
 pub struct Prepared {
+    /// Each prompt's token ids (checked against the vocabulary, none empty).
     pub prompts: Vec<Vec<TokenId>>,
+    /// Choices per prompt (`n`, 1 to 128).
     pub choices: usize,
+    /// The sampling fields of the request, as every choice shares them.
     pub sampling: SamplingFields,
+    /// The request's `seed`, or a fresh one; choice `j` of prompt `p` samples from
+    /// the stream `p · choices + j` of it, so choices differ.
     pub seed: u64,
+    /// Whether the response reports each sampled token's logprob.
     pub logprobs: bool,
+    /// How tokens are spelt in `logprobs` (text, or `token_id:N`).
     pub spelling: TokenSpelling,
+    /// vLLM's `return_token_ids`: add the prompt's and each choice's token ids.
     pub return_token_ids: bool,
+    /// A streamed response ends with a `usage` chunk (`stream_options.include_usage`).
     pub include_usage: bool,
+    /// The response's `id` (`cmpl-…` or `chatcmpl-…`), shared by every chunk of a
+    /// stream.
     pub id: String,
+    /// The response's `created`: Unix time in seconds when the request was prepared.
     pub created: u64,
 }
 
@@ -343,6 +360,8 @@ pub async fn completions(
     .into_response())
 }
 
+/// The JSON body of `POST /v1/chat/completions` (OpenAI's fields, vLLM's
+/// extensions); a field it does not know is a 400 naming it.
 #[derive(Debug, Deserialize)]
 pub struct ChatRequest {
     messages: Vec<MessageInput>,
@@ -443,17 +462,23 @@ fn weight_version(done: &[super::run::Completed]) -> u64 {
 /// Token counts of a response (OpenAI's `usage`).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Usage {
+    /// Prompt tokens of every prompt of the request (each counted once, whatever `n`).
     pub prompt_tokens: usize,
+    /// Tokens generated, over every choice.
     pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache instead of prefilled
+    /// (`prompt_tokens_details.cached_tokens`).
     pub cached_tokens: u64,
 }
 
 impl Usage {
+    /// Counts one prompt of `tokens` tokens, `cached` of them from the prefix cache.
     pub fn add_prompt(&mut self, tokens: usize, cached: u64) {
         self.prompt_tokens += tokens;
         self.cached_tokens += cached;
     }
 
+    /// OpenAI's `usage` object, `total_tokens` and `prompt_tokens_details` included.
     pub fn to_json(self) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
@@ -464,6 +489,8 @@ impl Usage {
     }
 }
 
+/// `tokens` as text, with the served model's tokenizer; an id it cannot decode is
+/// an error.
 pub fn decode(state: &AppState, tokens: &[TokenId]) -> Result<String, ServeError> {
     Ok(state.model.tokenizer.decode(tokens)?)
 }

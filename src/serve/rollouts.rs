@@ -24,6 +24,10 @@ use super::state::AppState;
 /// Most prompts one request rolls out.
 const MAX_PROMPTS: usize = 1024;
 
+/// The JSON body of `POST /v1/rollouts`: a built-in `task`, which of its training
+/// questions (`prompts` or `sample_ids`), the search's shape (`trees`, `expand`,
+/// `rounds`, `keep`, or `chains`), sampling, `advantage` and `token_budget`.
+/// Unknown fields are a 400.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutBody {

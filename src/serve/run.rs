@@ -22,6 +22,7 @@ pub struct Owned {
 }
 
 impl Owned {
+    /// Owns nothing yet; sequences are released through `engine`.
     pub fn new(engine: &Engine) -> Self {
         Owned {
             engine: engine.clone(),
@@ -29,6 +30,8 @@ impl Owned {
         }
     }
 
+    /// Takes ownership of `seq`: it is freed by [`Self::free_all`] or when this is
+    /// dropped. The first pushed should be the prompt's own sequence.
     pub fn push(&mut self, seq: SeqId) {
         self.seqs.push(OwnedSeq::adopt(&self.engine, seq));
     }
@@ -49,6 +52,7 @@ impl Owned {
 
 /// Finished generations of one prompt and what its prompt cost.
 pub struct Completed {
+    /// One generation per choice, in choice order.
     pub generations: Vec<Generation>,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u64,
@@ -57,7 +61,9 @@ pub struct Completed {
 /// The sequences of one prompt's choices, started: the prompt's sequence first,
 /// then a fork per extra choice sharing its computed prompt.
 pub struct Started {
+    /// The sequences, owned: freed when the request ends or is dropped.
     pub owned: Owned,
+    /// The prompt's sequence, then one fork per extra choice (`choices` in all).
     pub seqs: Vec<SeqId>,
     /// Holds the request's room in the admission gate.
     pub permit: OwnedSemaphorePermit,

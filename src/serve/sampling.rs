@@ -16,11 +16,17 @@ use super::state::AppState;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
 pub struct SamplingFields {
+    /// Most tokens to generate per choice; absent: up to the end of the context.
     pub max_new_tokens: Option<usize>,
+    /// Softmax temperature, ≥ 0; 0 is greedy, absent is 1.
     pub temperature: Option<f32>,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities sum to `p`
+    /// (in `(0, 1]`; 1 or absent: off).
     pub top_p: Option<f32>,
     /// Off when absent, 0 or -1 (vLLM's and SGLang's "no top-k").
     pub top_k: Option<i64>,
+    /// Strings that end the generation; the text returned stops before them.
+    /// None may be empty.
     pub stop: Option<OneOrMany>,
     /// Tokens that end the generation besides the model's end-of-turn tokens.
     pub stop_token_ids: Vec<i64>,
@@ -33,7 +39,11 @@ pub struct SamplingFields {
     pub min_p: Option<f32>,
     /// vLLM's penalties (1, 0, 0 or absent: off).
     pub repetition_penalty: Option<f32>,
+    /// Subtracted once from the logit of every token already generated (0 or absent:
+    /// off).
     pub presence_penalty: Option<f32>,
+    /// Subtracted from a token's logit per time it was already generated (0 or
+    /// absent: off).
     pub frequency_penalty: Option<f32>,
     /// Alternatives per token (the OpenAI endpoints set it from `logprobs` /
     /// `top_logprobs`).

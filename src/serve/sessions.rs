@@ -53,6 +53,7 @@ pub struct SessionTable {
 }
 
 impl SessionTable {
+    /// An empty table holding at most `max` sessions, each closed after `ttl` idle.
     pub fn new(max: usize, ttl: Duration) -> Self {
         let start = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -71,10 +72,12 @@ impl SessionTable {
         self.sessions.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Live sessions, leased or not.
     pub fn len(&self) -> usize {
         self.lock().len()
     }
 
+    /// Whether no session is live.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -216,6 +219,9 @@ impl Drop for Lease<'_> {
     }
 }
 
+/// The JSON body of `POST /v1/sessions`: exactly one of `messages` (rendered with
+/// the model's chat template), `text` or `input_ids`; the session starts with
+/// those tokens, computed with its first generation or fork.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct CreateRequest {
@@ -255,6 +261,8 @@ pub async fn create(
     })))
 }
 
+/// The JSON body of `POST /v1/sessions/{id}/generate`: `sampling_params` as
+/// `/generate` takes them (`max_new_tokens` defaults to 128).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct GenerateRequest {
@@ -299,6 +307,8 @@ pub async fn generate(
     })))
 }
 
+/// The JSON body of `POST /v1/sessions/{id}/append`: the observation as `text` or
+/// `input_ids`, exactly one.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AppendRequest {
@@ -336,6 +346,8 @@ pub async fn append(
     }
 }
 
+/// The JSON body of `POST /v1/sessions/{id}/fork`: `n`, the number of new sessions
+/// (1 to 256; 1 when the body is empty).
 #[derive(Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ForkRequest {

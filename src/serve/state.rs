@@ -38,6 +38,9 @@ pub struct ServeConfig {
 }
 
 impl ServeConfig {
+    /// A config serving under `model_name` with the library's defaults: no API key,
+    /// 1024 sessions idle-closed after 600 s, 256 running sequences, 1024 queued
+    /// requests waiting at most 60 s, bodies up to 16 MiB.
     pub fn new(model_name: impl Into<String>) -> Self {
         ServeConfig {
             model_name: model_name.into(),
@@ -56,12 +59,20 @@ impl ServeConfig {
 #[derive(Clone)]
 pub struct AppState(Arc<Inner>);
 
+/// What [`AppState`] shares, reached through its `Deref`.
 pub struct Inner {
+    /// The engine every request runs on.
     pub engine: Engine,
+    /// The served model's tokenizer, chat template and config (the model the engine
+    /// started with; its shape stays the same across weight reloads).
     pub model: Arc<LoadedModel>,
+    /// The server's limits and identity.
     pub config: ServeConfig,
+    /// The live fork sessions of `/v1/sessions`.
     pub sessions: SessionTable,
+    /// Counters and latencies `GET /metrics` reports.
     pub metrics: Metrics,
+    /// The gate bounding how many sequences run for requests at once.
     pub admission: Admission,
     /// Seeds of requests that name none: distinct per request, so two unseeded
     /// requests sample differently, as an OpenAI client expects.
@@ -78,6 +89,8 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
+    /// The state of a server over `engine` with `config`: an empty session table,
+    /// fresh metrics, an admission gate sized by `config`.
     pub fn new(engine: Engine, config: ServeConfig) -> Self {
         let model = engine.model().clone();
         let started = SystemTime::now()
