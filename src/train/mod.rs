@@ -17,8 +17,10 @@
 //! - [`input`]: `trajectories.jsonl` read and checked, errors naming file and line.
 //! - [`checkpoint`]: HF-layout checkpoints (Q/K un-permuted), optimiser state
 //!   beside them, swapped in whole.
-//! - [`update`]: one update — micro-batches, accumulated gradients, one step, metrics.
-//! - [`reference`]: a frozen copy of the start weights scoring the KL's reference.
+//! - [`update`](mod@update): one update — micro-batches, accumulated gradients, one
+//!   step, metrics.
+//! - [`reference`](mod@reference): a frozen copy of the start weights scoring the
+//!   KL's reference.
 //! - [`job`]: one update of a model file into a new checkpoint (optimiser restored),
 //!   as `treegrpo update` and the Python package run it.
 //! - [`serving`]: the trainer's weights as a model the engine serves after a swap.

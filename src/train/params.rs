@@ -4,8 +4,9 @@
 //! They start from a loaded [`Model`]: quantised GGUF weights are dequantised to the
 //! dtype asked for (f32 for training, f64 for the finite-difference oracle), dense
 //! safetensors weights are taken as they are. The RoPE pairing stays the model's
-//! ([`RopeStyle`]): a llama GGUF keeps its permuted Q/K rows and interleaved rotation,
-//! and a checkpoint un-permutes them when it is written (see `checkpoint`).
+//! ([`RopeStyle`](crate::model::RopeStyle)): a llama GGUF keeps its permuted Q/K
+//! rows and interleaved rotation, and a checkpoint un-permutes them when it is
+//! written (see `checkpoint`).
 //! With tied embeddings the output projection *is* the embedding `Var`, so its
 //! gradient is the sum of both uses.
 

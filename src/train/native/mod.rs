@@ -128,7 +128,7 @@ impl<'p> NativeDecoder<'p> {
 
     /// A decoder over `params` that runs `served` — the model an engine serves, no
     /// second copy of the weights — when it holds exactly these weights (f32
-    /// matrices, f32 keys and values, and equal values where [`serves`] samples
+    /// matrices, f32 keys and values, and equal values where `serves` samples
     /// them: an update changes every weight), else over a copy packed anew.
     pub fn sharing(params: &'p Params, served: Option<&Arc<Model>>) -> Result<Self, TrainError> {
         match served {
