@@ -19,7 +19,7 @@ use treegrpo::engine::{
     Engine, EngineConfig, EngineCore, EngineError, GenParams, Generation, Sampling, SeqUsage,
 };
 use treegrpo::kv::SeqId;
-use treegrpo::model::{LoadedModel, ModelError, TokenId};
+use treegrpo::model::{KvSlot, LoadedModel, ModelError, TokenId};
 
 /// The tiny llama with Q8_0 matrices: on our quantised kernel every row's arithmetic
 /// is independent of the batch, so a recompute must be bit-identical. (Dense weights
@@ -346,7 +346,7 @@ async fn caller_errors_are_typed_and_a_sequence_that_never_fits_fails_alone() {
     let max = model.model.config().max_position_embeddings;
     // 8 blocks of 4: 32 positions.
     let engine = Engine::start(model.clone(), config(&model, 8)).unwrap();
-    let unknown = SeqId::from_slot(999);
+    let unknown = SeqId::from_slot(KvSlot::new(999));
     assert!(matches!(
         engine.fork(unknown).await,
         Err(EngineError::UnknownSequence(s)) if s == unknown

@@ -14,7 +14,7 @@ use common::max_abs_diff;
 use common::tiny::{logits_all, Flavour, TinyModel};
 use treegrpo::kv::{KvCache, KvConfig, SeqId};
 use treegrpo::model::{
-    BatchSeq, DenseKvStore, ForwardBatch, KvStore, LoadedModel, LogitsWanted, Model,
+    BatchSeq, DenseKvStore, ForwardBatch, KvSlot, KvStore, LoadedModel, LogitsWanted, Model,
 };
 
 const TOL: f32 = 1e-4;
@@ -43,7 +43,7 @@ fn paged(model: &Model) -> KvCache {
 fn forward(
     model: &Model,
     kv: &mut dyn KvStore,
-    work: &[(usize, usize, Vec<u32>)],
+    work: &[(KvSlot, usize, Vec<u32>)],
 ) -> Vec<Vec<Vec<f32>>> {
     let batch = ForwardBatch {
         seqs: work
@@ -121,7 +121,7 @@ fn forked_branches_decode_together_like_separate_dense_sequences() {
 
     // Reference: three dense sequences, each prefilled the same way.
     let mut dense = DenseKvStore::new(cfg.num_layers, cfg.kv_dim());
-    let slots: Vec<usize> = (0..3).map(|_| dense.add_sequence()).collect();
+    let slots: Vec<KvSlot> = (0..3).map(|_| dense.add_sequence()).collect();
     for &s in &slots {
         for (a, b) in chunks {
             forward(model, &mut dense, &[(s, a, prompt[a..b].to_vec())]);
@@ -137,7 +137,7 @@ fn forked_branches_decode_together_like_separate_dense_sequences() {
             .map(|(&s, &t)| (s, vec![t]))
             .collect();
         let p = step(model, &mut kv, &work);
-        let dwork: Vec<(usize, usize, Vec<u32>)> = slots
+        let dwork: Vec<(KvSlot, usize, Vec<u32>)> = slots
             .iter()
             .zip(&toks)
             .map(|(&s, &t)| (s, dense.len(s), vec![t]))

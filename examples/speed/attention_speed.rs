@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use half::f16;
 use treegrpo::model::attention::{AttentionPlan, AttentionShape, SeqSpan};
-use treegrpo::model::{KvChunk, KvChunks, KvStore, ModelError};
+use treegrpo::model::{KvChunk, KvChunks, KvSlot, KvStore, ModelError};
 
 const SHAPE: AttentionShape = AttentionShape {
     num_heads: 9,
@@ -99,7 +99,7 @@ impl KvStore for ScatteredStore {
     fn store(
         &mut self,
         _: usize,
-        _: usize,
+        _: KvSlot,
         _: usize,
         _: &[f32],
         _: &[f32],
@@ -107,7 +107,7 @@ impl KvStore for ScatteredStore {
         Ok(())
     }
 
-    fn chunks(&self, _layer: usize, slot: usize, _len: usize) -> KvChunks<'_> {
+    fn chunks(&self, _layer: usize, slot: KvSlot, _len: usize) -> KvChunks<'_> {
         let width = self.block * SHAPE.num_kv_heads * SHAPE.head_dim;
         // As the engine's paged cache lays a block out: head after head.
         fn blocks<'a, T>(
@@ -124,7 +124,7 @@ impl KvStore for ScatteredStore {
                 })
                 .collect()
         }
-        let table = &self.tables[slot];
+        let table = &self.tables[slot.raw()];
         match &self.halves {
             Some((k, v)) => KvChunks::F16(blocks(table, k, v, width)),
             None => KvChunks::F32(blocks(table, &self.keys, &self.values, width)),
@@ -171,7 +171,7 @@ fn main() {
                 ScatteredStore::new(batch, context, shared.min(context), pool_blocks, block);
             let spans: Vec<SeqSpan> = (0..batch)
                 .map(|s| SeqSpan {
-                    slot: s,
+                    slot: KvSlot::new(s),
                     start: context - 1,
                     row: s,
                     len: 1,

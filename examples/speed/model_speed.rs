@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
-use treegrpo::model::{BatchSeq, DenseKvStore, ForwardBatch, LoadedModel, LogitsWanted};
+use treegrpo::model::{BatchSeq, DenseKvStore, ForwardBatch, KvSlot, LoadedModel, LogitsWanted};
 
 const PREFILL: usize = 256;
 const DECODE: usize = 64;
@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
     let mut batched = Vec::new();
     for b in [8usize, 32] {
         let mut kv = DenseKvStore::new(cfg.num_layers, cfg.kv_dim());
-        let slots: Vec<usize> = (0..b).map(|_| kv.add_sequence()).collect();
+        let slots: Vec<KvSlot> = (0..b).map(|_| kv.add_sequence()).collect();
         let fb = |start: usize, n: usize| ForwardBatch {
             seqs: slots
                 .iter()

@@ -79,7 +79,11 @@ impl Session {
             });
         let model = self.engine.model().clone();
         // Each session samples on its own stream (a fork's differs from its parent's).
-        let params = args.params(self.seed, seq.slot() as u64, model.tokenizer.eos_ids())?;
+        let params = args.params(
+            self.seed,
+            seq.slot().raw() as u64,
+            model.tokenizer.eos_ids(),
+        )?;
         let engine = self.engine.clone();
         let generation = wait(py, async move {
             engine.generate(seq, params).await.map_err(engine_error)

@@ -274,7 +274,7 @@ impl KvCache {
     }
 
     fn insert_seq(&mut self, state: TableState) -> SeqId {
-        let id = SeqId::from_slot(self.next_seq);
+        let id = SeqId::new(self.next_seq);
         self.next_seq += 1;
         self.seqs.insert(id, state);
         id

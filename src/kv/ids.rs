@@ -8,6 +8,8 @@
 
 use std::fmt;
 
+use crate::model::KvSlot;
+
 /// A block of the [`BlockPool`](super::BlockPool): `block_size` rows in every layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId(u32);
@@ -35,14 +37,19 @@ impl fmt::Display for BlockId {
 pub struct SeqId(usize);
 
 impl SeqId {
+    /// The cache's sequence number `raw` (never reused within one cache).
+    pub(crate) fn new(raw: usize) -> Self {
+        SeqId(raw)
+    }
+
     /// The `slot` to put in a [`BatchSeq`](crate::model::BatchSeq) for this sequence.
-    pub fn slot(self) -> usize {
-        self.0
+    pub fn slot(self) -> KvSlot {
+        KvSlot::new(self.0)
     }
 
     /// The sequence a `slot` (e.g. of a [`SeqLogits`](crate::model::SeqLogits)) names.
-    pub fn from_slot(slot: usize) -> Self {
-        SeqId(slot)
+    pub fn from_slot(slot: KvSlot) -> Self {
+        SeqId(slot.raw())
     }
 }
 

@@ -9,13 +9,13 @@
 
 use super::cache::KvCache;
 use super::ids::SeqId;
-use crate::model::{KvChunks, KvStore, ModelError};
+use crate::model::{KvChunks, KvSlot, KvStore, ModelError};
 
 impl KvStore for KvCache {
     fn store(
         &mut self,
         layer: usize,
-        slot: usize,
+        slot: KvSlot,
         position: usize,
         key: &[f32],
         value: &[f32],
@@ -23,7 +23,7 @@ impl KvStore for KvCache {
         Ok(self.write(SeqId::from_slot(slot), layer, position, key, value)?)
     }
 
-    fn chunks(&self, layer: usize, slot: usize, len: usize) -> KvChunks<'_> {
+    fn chunks(&self, layer: usize, slot: KvSlot, len: usize) -> KvChunks<'_> {
         self.read_blocks(SeqId::from_slot(slot), layer, len)
     }
 }

@@ -11,13 +11,13 @@ use half::f16;
 use super::kernels::{
     dot_rows_heads, exp_in_place, max_of, weighted_sum_heads, KvElem, RowRuns, Rows,
 };
-use super::kv_store::{KvChunk, KvChunks, KvStore};
+use super::kv_store::{KvChunk, KvChunks, KvSlot, KvStore};
 
 /// Where one sequence's new tokens sit in a flattened batch.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqSpan {
     /// The sequence's slot in the [`KvStore`] its keys and values are kept in.
-    pub slot: usize,
+    pub slot: KvSlot,
     /// Position of the first new token.
     pub start: usize,
     /// Index of the first new token's row in the flattened batch.

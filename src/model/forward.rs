@@ -18,7 +18,7 @@ use super::attention::SeqSpan;
 use super::config::ModelConfig;
 use super::error::ModelError;
 use super::kernels::Epilogue;
-use super::kv_store::KvStore;
+use super::kv_store::{KvSlot, KvStore};
 use super::layer_forward::{Failure, LayerBuffers};
 use super::linear::Linear;
 use super::ops::{rms_norm, Rope};
@@ -41,7 +41,7 @@ pub enum LogitsWanted {
 #[derive(Debug, Clone)]
 pub struct BatchSeq {
     /// The sequence's slot in the [`KvStore`].
-    pub slot: usize,
+    pub slot: KvSlot,
     /// Position of the first new token (= tokens already in the cache).
     pub start: usize,
     pub tokens: Vec<TokenId>,
@@ -57,7 +57,7 @@ pub struct ForwardBatch {
 /// The logits a sequence asked for, one `vocab`-wide row per wanted position.
 #[derive(Debug, Clone)]
 pub struct SeqLogits {
-    pub slot: usize,
+    pub slot: KvSlot,
     pub rows: Vec<Vec<f32>>,
 }
 

@@ -3,9 +3,34 @@
 //! runs it hands out ([`KvChunk`], in the store's number format: [`KvChunks`]), and
 //! [`DenseKvStore`], the simplest store (one growing buffer per sequence and layer).
 
+use std::fmt;
+
 use half::f16;
 
 use super::error::ModelError;
+
+/// A sequence's name in a [`KvStore`], chosen by the store (the dense store's index of
+/// it, the paged cache's `SeqId`) and carried through the forward pass untouched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KvSlot(usize);
+
+impl KvSlot {
+    /// The slot a store numbers `raw`.
+    pub fn new(raw: usize) -> Self {
+        KvSlot(raw)
+    }
+
+    /// The store's number for it (an index, for the stores that keep a list).
+    pub fn raw(self) -> usize {
+        self.0
+    }
+}
+
+impl fmt::Display for KvSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 /// A contiguous run of cached positions' keys and values, `kv_dim` values a position
 /// (`f32`, or `f16` from a store that keeps them in half precision, see
@@ -129,7 +154,7 @@ pub trait KvStore: Sync {
     fn store(
         &mut self,
         layer: usize,
-        slot: usize,
+        slot: KvSlot,
         position: usize,
         key: &[f32],
         value: &[f32],
@@ -140,7 +165,7 @@ pub trait KvStore: Sync {
     /// A store keeping K/V in f16 must only be handed values f16 holds exactly (the
     /// model rounds them first under [`super::KvFormat::F16`]), so both formats give
     /// attention the same values.
-    fn chunks(&self, layer: usize, slot: usize, len: usize) -> KvChunks<'_>;
+    fn chunks(&self, layer: usize, slot: KvSlot, len: usize) -> KvChunks<'_>;
 }
 
 /// The simplest [`KvStore`]: one growing buffer per sequence and layer. Used by
@@ -165,28 +190,28 @@ impl DenseKvStore {
     }
 
     /// Adds an empty sequence and returns its slot.
-    pub fn add_sequence(&mut self) -> usize {
+    pub fn add_sequence(&mut self) -> KvSlot {
         self.seqs
             .push(vec![(Vec::new(), Vec::new()); self.num_layers]);
-        self.seqs.len() - 1
+        KvSlot(self.seqs.len() - 1)
     }
 
     /// Number of positions stored for `slot`.
-    pub fn len(&self, slot: usize) -> usize {
+    pub fn len(&self, slot: KvSlot) -> usize {
         self.seqs
-            .get(slot)
+            .get(slot.0)
             .and_then(|layers| layers.first())
             .map_or(0, |(k, _)| k.len() / self.kv_dim.max(1))
     }
 
     /// Whether `slot` holds no position (also for an unknown slot).
-    pub fn is_empty(&self, slot: usize) -> bool {
+    pub fn is_empty(&self, slot: KvSlot) -> bool {
         self.len(slot) == 0
     }
 
     /// Forgets positions from `len` on, so a sequence can be rewound.
-    pub fn truncate(&mut self, slot: usize, len: usize) {
-        if let Some(layers) = self.seqs.get_mut(slot) {
+    pub fn truncate(&mut self, slot: KvSlot, len: usize) {
+        if let Some(layers) = self.seqs.get_mut(slot.0) {
             for (k, v) in layers {
                 k.truncate(len * self.kv_dim);
                 v.truncate(len * self.kv_dim);
@@ -199,7 +224,7 @@ impl KvStore for DenseKvStore {
     fn store(
         &mut self,
         layer: usize,
-        slot: usize,
+        slot: KvSlot,
         position: usize,
         key: &[f32],
         value: &[f32],
@@ -207,7 +232,7 @@ impl KvStore for DenseKvStore {
         let kv_dim = self.kv_dim;
         let (keys, values) = self
             .seqs
-            .get_mut(slot)
+            .get_mut(slot.0)
             .and_then(|l| l.get_mut(layer))
             .ok_or_else(|| {
                 ModelError::KvStore(format!("no sequence {slot} layer {layer}").into())
@@ -227,8 +252,8 @@ impl KvStore for DenseKvStore {
         Ok(())
     }
 
-    fn chunks(&self, layer: usize, slot: usize, _len: usize) -> KvChunks<'_> {
-        KvChunks::F32(match self.seqs.get(slot).and_then(|l| l.get(layer)) {
+    fn chunks(&self, layer: usize, slot: KvSlot, _len: usize) -> KvChunks<'_> {
+        KvChunks::F32(match self.seqs.get(slot.0).and_then(|l| l.get(layer)) {
             Some((k, v)) => vec![KvChunk::rows(k, v)],
             None => Vec::new(),
         })

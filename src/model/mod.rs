@@ -54,7 +54,7 @@ pub use config::{Architecture, ModelConfig, RopeStyle};
 pub use error::ModelError;
 pub use forward::{BatchSeq, ForwardBatch, LogitsWanted, Model, SeqLogits};
 pub use kv_format::KvFormat;
-pub use kv_store::{DenseKvStore, KvChunk, KvChunks, KvStore};
+pub use kv_store::{DenseKvStore, KvChunk, KvChunks, KvSlot, KvStore};
 pub use load::LoadedModel;
 pub use precision::Precision;
 pub use rope::RopeScaling;

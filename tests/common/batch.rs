@@ -1,6 +1,6 @@
 //! Forward-level batch invariance: a sequence's logits alone and beside others.
 
-use treegrpo::model::{BatchSeq, DenseKvStore, ForwardBatch, LoadedModel, LogitsWanted};
+use treegrpo::model::{BatchSeq, DenseKvStore, ForwardBatch, KvSlot, LoadedModel, LogitsWanted};
 
 /// One sequence's logits, one row per position.
 pub type Logits = Vec<Vec<f32>>;
@@ -14,7 +14,7 @@ pub fn run_steps(
 ) -> Vec<Vec<Vec<f32>>> {
     let cfg = m.model.config();
     let mut kv = DenseKvStore::new(cfg.num_layers, cfg.kv_dim());
-    let slots: Vec<usize> = (0..seqs).map(|_| kv.add_sequence()).collect();
+    let slots: Vec<KvSlot> = (0..seqs).map(|_| kv.add_sequence()).collect();
     let mut out = vec![Vec::new(); seqs];
     for step in steps {
         let batch = ForwardBatch {

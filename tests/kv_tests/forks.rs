@@ -126,8 +126,11 @@ fn store_past_the_reservation_is_an_error() {
     assert!(c
         .store(LAYERS, s.slot(), 0, &[0.0; KV_DIM], &[0.0; KV_DIM])
         .is_err());
-    assert!(c.store(0, 999, 0, &[0.0; KV_DIM], &[0.0; KV_DIM]).is_err());
-    assert!(c.chunks(0, 999, 4).is_empty());
+    let unknown = KvSlot::new(999);
+    assert!(c
+        .store(0, unknown, 0, &[0.0; KV_DIM], &[0.0; KV_DIM])
+        .is_err());
+    assert!(c.chunks(0, unknown, 4).is_empty());
     assert!(matches!(
         c.commit(s, &[1, 2, 3, 4, 5]),
         Err(KvError::BeyondCapacity { .. })

@@ -10,7 +10,7 @@ mod sharing;
 mod touch;
 
 use treegrpo::kv::{BlockId, KvCache, KvConfig, KvError, SeqId, DEFAULT_BLOCK_SIZE};
-use treegrpo::model::{KvStore, ModelError};
+use treegrpo::model::{KvSlot, KvStore, ModelError};
 
 const LAYERS: usize = 2;
 const KV_DIM: usize = 8;

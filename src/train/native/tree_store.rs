@@ -7,7 +7,7 @@
 //! and reads them back before the next layer starts), as plain `[rows, kv_dim]` rows.
 
 use crate::model::attention::SeqSpan;
-use crate::model::kv_store::{KvChunk, KvChunks, KvStore};
+use crate::model::kv_store::{KvChunk, KvChunks, KvSlot, KvStore};
 use crate::model::ModelError;
 
 use super::super::layout::TreeLayout;
@@ -21,7 +21,7 @@ pub fn edge_spans(layout: &TreeLayout) -> Vec<SeqSpan> {
         match spans.last_mut() {
             Some(last) if continues => last.len += 1,
             _ => spans.push(SeqSpan {
-                slot: spans.len(),
+                slot: KvSlot::new(spans.len()),
                 start: layout.positions()[row] as usize,
                 row,
                 len: 1,
@@ -65,12 +65,12 @@ impl KvStore for TreeKvStore<'_> {
     fn store(
         &mut self,
         _layer: usize,
-        slot: usize,
+        slot: KvSlot,
         position: usize,
         key: &[f32],
         value: &[f32],
     ) -> Result<(), ModelError> {
-        let row = self.row_of(slot, position).ok_or_else(|| {
+        let row = self.row_of(slot.raw(), position).ok_or_else(|| {
             ModelError::KvStore(format!("no row at edge {slot} position {position}").into())
         })?;
         let at = row * self.kv_dim..(row + 1) * self.kv_dim;
@@ -79,8 +79,8 @@ impl KvStore for TreeKvStore<'_> {
         Ok(())
     }
 
-    fn chunks(&self, _layer: usize, slot: usize, len: usize) -> KvChunks<'_> {
-        let Some(span) = self.spans.get(slot) else {
+    fn chunks(&self, _layer: usize, slot: KvSlot, len: usize) -> KvChunks<'_> {
+        let Some(span) = self.spans.get(slot.raw()) else {
             return KvChunks::F32(Vec::new());
         };
         // The first row's runs end at itself; the edge's later rows extend the last.
