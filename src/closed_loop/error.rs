@@ -7,14 +7,21 @@ use crate::env::EnvError;
 use crate::rollout::RolloutError;
 use crate::train::TrainError;
 
+/// Errors of the closed loop (rollouts, advantages and updates in turn): a failure
+/// of one of the layers it drives, shown as that layer's error, or a problem with the
+/// run folder it writes and resumes from.
 #[derive(Debug, thiserror::Error)]
 pub enum LoopError {
+    /// Collecting a step's rollouts failed.
     #[error(transparent)]
     Rollout(#[from] RolloutError),
+    /// The policy update (or loading, saving a checkpoint) failed.
     #[error(transparent)]
     Train(#[from] TrainError),
+    /// The inference engine failed (loading it, or swapping in the new weights).
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The environment or its data could not be built.
     #[error(transparent)]
     Env(#[from] EnvError),
     /// The cause is the `source` (printed once by a chain-printing caller).
@@ -22,20 +29,29 @@ pub enum LoopError {
     Io(PathBuf, #[source] std::io::Error),
     /// A run folder that cannot be resumed (`message` says what it lacks).
     #[error("cannot resume from {path}: {message}")]
-    Resume { path: PathBuf, message: String },
+    Resume {
+        /// The run folder (or the file in it) that was read.
+        path: PathBuf,
+        /// What it lacks or why it does not match the run.
+        message: String,
+    },
     /// A line of a run's `log.jsonl` that is not a step line.
     #[error("{}, line {line}: not a step line", .path.display())]
     LogLine {
+        /// The `log.jsonl` file.
         path: PathBuf,
         /// 1-based line number.
         line: usize,
+        /// serde_json's reason.
         #[source]
         source: serde_json::Error,
     },
     /// A checkpoint's `loop_state.json` that is not the loop's state.
     #[error("cannot resume from {}: not the loop's state", .path.display())]
     LoopState {
+        /// The `loop_state.json` file.
         path: PathBuf,
+        /// serde_json's reason.
         #[source]
         source: serde_json::Error,
     },
@@ -48,7 +64,9 @@ pub enum LoopError {
     /// A run record (`run.json`, `warm_start.json`) that is not the record's JSON.
     #[error("{}: not a valid run record", .path.display())]
     Record {
+        /// The record file.
         path: PathBuf,
+        /// serde_json's reason.
         #[source]
         source: serde_json::Error,
     },

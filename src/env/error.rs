@@ -17,8 +17,11 @@ pub enum EnvError {
     /// once by a chain-printing caller).
     #[error("cannot {op} {}", .path.display())]
     Io {
+        /// What was being done (`"read"`, `"create"`, `"write"`).
         op: &'static str,
+        /// The data file (or folder) at fault.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
@@ -26,15 +29,21 @@ pub enum EnvError {
     /// says which).
     #[error("{}:{line}: {reason}", .path.display())]
     BadRecord {
+        /// The data file.
         path: PathBuf,
+        /// 1-based line number of the record.
         line: usize,
+        /// What is wrong with it (a duplicate id, an empty field, ...).
         reason: String,
     },
     /// One line of a JSONL data file is not JSON of the record's shape.
     #[error("{}:{line}: not a valid record", .path.display())]
     JsonLine {
+        /// The data file.
         path: PathBuf,
+        /// 1-based line number.
         line: usize,
+        /// serde_json's reason.
         #[source]
         source: serde_json::Error,
     },
@@ -75,7 +84,9 @@ pub enum ToolError {
     /// The task a tool ran its work on panicked or was cancelled.
     #[error("the {tool} task failed")]
     Task {
+        /// The tool's name (`"search"`, ...).
         tool: &'static str,
+        /// tokio's join error (a panic or a cancellation).
         #[source]
         source: tokio::task::JoinError,
     },

@@ -29,11 +29,16 @@ pub enum ServeError {
     UnknownField(String),
     /// The body is over the server's size limit (`--max-body-mib`).
     #[error("the request body is over the limit of {limit} bytes")]
-    BodyTooLarge { limit: usize },
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// A field holds a value the endpoint cannot serve.
     #[error("{param}: {message}")]
     Invalid {
+        /// The request field at fault (OpenAI's `param`).
         param: &'static str,
+        /// Why its value cannot be served.
         message: String,
     },
     /// Sampling settings the engine's rule refuses: the message names the field, the
@@ -49,30 +54,54 @@ pub enum ServeError {
          {requested} more were asked for"
     )]
     ContextLength {
+        /// Tokens in the prompt (or the session so far).
         prompt: usize,
+        /// Tokens asked for on top (`max_tokens`, or the tokens appended).
         requested: usize,
+        /// The model's context window in tokens.
         max: usize,
     },
+    /// The server was started with `--api-key` and the request carries no
+    /// `Authorization: Bearer KEY` header with that key (401).
     #[error("a valid API key is needed (header `Authorization: Bearer KEY`)")]
     Unauthorized,
+    /// A fork session id that is not open: closed, expired after its idle time, or
+    /// never created (404). Open a new session.
     #[error("no session '{0}' (closed, expired after its idle time, or never created)")]
     UnknownSession(String),
+    /// A request on a fork session that is still generating (409); a session serves
+    /// one request at a time.
     #[error("session '{0}' is generating; wait for its result first")]
     SessionBusy(String),
+    /// Opening (or forking) a session while the server holds `--max-sessions` of them
+    /// (429): close sessions, or wait for idle ones to expire.
     #[error("the server holds its limit of {limit} sessions: close some first")]
-    SessionLimit { limit: usize },
+    SessionLimit {
+        /// The server's session limit (`--max-sessions`).
+        limit: usize,
+    },
     /// More requests wait for room than the queue holds (`--max-queue`), or one waited
     /// past the queue timeout.
     #[error("the server is at capacity: {0}")]
     Overloaded(&'static str),
+    /// No endpoint for this method and path (404); the message holds both.
     #[error("no route for {0}")]
     NoRoute(String),
+    /// The engine refused or failed the request; the status depends on why (a bad
+    /// token is 400, a busy sequence 409, a sequence that fits only once pins are
+    /// released 503, an engine failure 500).
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The model failed: a context overflow, tokenizer or chat-template error is the
+    /// client's (400), anything else the server's (500).
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// A rollout request's task data or environment could not be built from its
+    /// settings (400).
     #[error(transparent)]
     Env(#[from] EnvError),
+    /// A rollout request failed: a tree config it refuses is 400, an engine error
+    /// keeps the engine's status, anything else is 500.
     #[error(transparent)]
     Rollout(#[from] RolloutError),
     /// A task of the server itself failed (a panic in a spawned rollout).
@@ -84,6 +113,8 @@ pub enum ServeError {
 const RETRY_AFTER_SECONDS: u64 = 1;
 
 impl ServeError {
+    /// A [`ServeError::Invalid`] for request field `param` (400, with `param` in
+    /// the body so a client knows which field to fix).
     pub fn invalid(param: &'static str, message: impl Into<String>) -> Self {
         ServeError::Invalid {
             param,
