@@ -239,6 +239,8 @@ fn measure_rows(
                 ))?
             }
         };
+        // The row's last figures (a pipe's line), then its JSON.
+        row_bar.finish();
         modes.println(serde_json::to_string(&run)?);
         modes.update(i as u64 + 1, String::new());
         report.runs.push(run);

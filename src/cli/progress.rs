@@ -77,12 +77,13 @@ impl Progress {
         let now = Instant::now();
         match &*self.0 {
             Display::Bar { bar, tally, .. } => {
+                // Reset first: a redraw in between would show the last phase's count.
+                bar.reset();
                 *lock(tally) = Tally::new(unit, now);
                 bar.set_style(bar_style(tally, unit, len));
                 bar.set_length(len);
                 bar.set_prefix(prefix.to_string());
                 bar.set_message("");
-                bar.reset();
                 // Finishing stopped the ticker; a restarted bar needs it again.
                 bar.enable_steady_tick(TICK);
             }
@@ -142,10 +143,10 @@ impl Progress {
     pub fn status(&self, prefix: &str, message: &str) {
         match &*self.0 {
             Display::Bar { bar, .. } => {
+                bar.reset();
                 bar.set_style(spinner_style());
                 bar.set_prefix(prefix.to_string());
                 bar.set_message(message.to_string());
-                bar.reset();
                 bar.enable_steady_tick(TICK);
             }
             Display::Lines(l) => {
@@ -215,7 +216,7 @@ fn lock<T>(l: &Mutex<T>) -> MutexGuard<'_, T> {
 /// a length, a spinner and the count.
 fn bar_style(tally: &Arc<Mutex<Tally>>, unit: &'static str, len: u64) -> ProgressStyle {
     let template = if len > 0 {
-        format!("{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {unit}  {{stats}}  {{wide_msg}}")
+        format!("{{prefix}} [{{bar:24}}] {{pos}}/{{len}} {unit}  {{stats}}  {{wide_msg}}")
     } else {
         format!("{{prefix}} {{spinner}} {{pos}} {unit}  {{stats}}  {{wide_msg}}")
     };

@@ -148,7 +148,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let run = prepare(&a, &rt, &start, loaded, config, out.clone())?;
-    let outcome = drive(&rt, run, a.steps)?;
+    let outcome = drive(&rt, run)?;
     finish(&out, outcome)
 }
 
@@ -271,14 +271,10 @@ fn prepare(
 
 /// Runs the steps, Ctrl-C stopping at the next safe point, the loop's events on
 /// stderr and each step's line on stdout.
-fn drive(
-    rt: &tokio::runtime::Runtime,
-    mut run: TrainRun,
-    steps: u64,
-) -> anyhow::Result<LoopOutcome> {
+fn drive(rt: &tokio::runtime::Runtime, mut run: TrainRun) -> anyhow::Result<LoopOutcome> {
     let stop = Arc::new(StopSignal::default());
     let signal = stop.clone();
-    let view = Arc::new(Mutex::new(TrainView::new(steps, run.state.step)));
+    let view = Arc::new(Mutex::new(TrainView::new(&run.config, run.state.step)));
     let shown = view.clone();
     let bar = lock(&view).steps.clone();
     let (first, second) = (
@@ -330,6 +326,7 @@ struct TrainView {
     /// The step and phase the phase bar shows.
     showing: Option<(u64, Phase)>,
     last_step: u64,
+    prompts_per_step: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -339,17 +336,19 @@ enum Phase {
 }
 
 impl TrainView {
-    /// Made just before the loop runs: the run's `steps`, `done` of them before this
-    /// process (a resumed run), the next one's rollout starting now.
-    fn new(steps: u64, done: u64) -> Self {
-        let bar = Progress::new("train", "steps", steps);
+    /// Made just before the loop runs: `done` of the run's steps were before this
+    /// process (a resumed run), and the next one's rollout starts now.
+    fn new(config: &LoopConfig, done: u64) -> Self {
+        let bar = Progress::new("train", "steps", config.steps);
         bar.start_at(done);
-        let phase = bar.below(&format!("step {} rollout", done + 1), "prompts", 0);
+        let prompts = config.prompts_per_step as u64;
+        let phase = bar.below(&format!("step {} rollout", done + 1), "prompts", prompts);
         TrainView {
             steps: bar,
             phase,
             showing: Some((done + 1, Phase::Rollout)),
-            last_step: steps,
+            last_step: config.steps,
+            prompts_per_step: prompts,
         }
     }
 
@@ -360,9 +359,11 @@ impl TrainView {
         }
         self.showing = Some((step, phase));
         match phase {
-            Phase::Rollout => self
-                .phase
-                .restart(&format!("step {step} rollout"), "prompts", 0),
+            Phase::Rollout => self.phase.restart(
+                &format!("step {step} rollout"),
+                "prompts",
+                self.prompts_per_step,
+            ),
             Phase::Update => self
                 .phase
                 .restart(&format!("step {step} update"), "tokens", 0),
