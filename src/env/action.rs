@@ -22,29 +22,55 @@ pub enum InvalidReason {
     /// No action tag at all.
     NoAction,
     /// An opening tag whose closing tag never comes (and no complete action).
-    Unclosed { kind: ActionKind },
+    Unclosed {
+        /// The action whose opening tag is unclosed.
+        kind: ActionKind,
+    },
     /// The content is empty or whitespace.
-    Empty { kind: ActionKind },
+    Empty {
+        /// The action whose tag was found.
+        kind: ActionKind,
+    },
     /// The content contains protocol tags, e.g. `<search><answer>x</answer></search>`.
-    NestedTag { kind: ActionKind },
+    NestedTag {
+        /// The outer action.
+        kind: ActionKind,
+    },
     /// A complete action this environment does not offer (calc in search-qa).
-    NotAllowed { kind: ActionKind },
+    NotAllowed {
+        /// The action asked for.
+        kind: ActionKind,
+    },
     /// A tool call in the forced answer turn after the turn limit.
-    ToolAfterTurnLimit { kind: ActionKind },
+    ToolAfterTurnLimit {
+        /// The tool action asked for instead of an answer.
+        kind: ActionKind,
+    },
 }
 
 /// A parsed step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", content = "content", rename_all = "snake_case")]
 pub enum Action {
+    /// A search-engine query (the trimmed text between the search tags); the
+    /// environment answers with the top documents as an observation.
     Search(String),
+    /// The final answer (trimmed); it ends the episode and is graded against the
+    /// sample's golden answers.
     Answer(String),
+    /// An arithmetic expression for the calculator (trimmed); the environment
+    /// answers with its value as an observation.
     Calc(String),
+    /// A step that is not a well-formed action; the environment answers with its
+    /// invalid-action feedback and the episode goes on (in the forced answer turn
+    /// after the turn limit, it ends without an answer).
     Invalid(InvalidReason),
     /// A step of an environment that reads its own steps (one written in Python):
     /// this crate parses nothing; `continues` is whether the environment answered with
     /// an observation and went on (counted as a tool call).
     External {
+        /// Whether the environment went on with an observation (`false`: the step
+        /// ended the episode).
         continues: bool,
     },
 }
@@ -77,6 +103,8 @@ impl Action {
         }
     }
 
+    /// Whether the step was a well-formed action: anything but [`Action::Invalid`]
+    /// (an [`Action::External`] step counts as valid: its environment judged it).
     pub fn is_valid(&self) -> bool {
         !matches!(self, Action::Invalid(_))
     }

@@ -7,8 +7,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ActionKind {
+    /// Query the search engine (tag `search` by default).
     Search,
+    /// Give the final answer, ending the episode (tag `answer` by default).
     Answer,
+    /// Evaluate an arithmetic expression (tag `calc` by default).
     Calc,
 }
 

@@ -30,7 +30,10 @@ pub struct ModelStep {
 pub struct StepDone {
     /// The step's index: the episode's first step is the caller's `first_index`.
     pub index: usize,
+    /// What the model wrote.
     pub step: ModelStep,
+    /// What the environment made of it: the parsed action, its observation, and
+    /// whether the episode ended.
     pub outcome: StepOutcome,
     /// The observation's token ids, when the episode goes on (empty otherwise).
     pub observation: Vec<TokenId>,
@@ -41,6 +44,8 @@ pub struct StepDone {
 /// Whatever produces an agent's steps: our engine, a tree branch, a peer engine.
 #[async_trait]
 pub trait StepModel: Send {
+    /// The producer's own error; the loop's environment errors convert into it, so
+    /// [`run_agent_loop`] returns one error type.
     type Error: From<EnvError> + Send;
 
     /// The next step, the `index`-th of the episode (seeds derive from it).

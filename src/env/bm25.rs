@@ -33,7 +33,11 @@ pub fn tokenize(text: &str) -> Vec<String> {
 /// BM25 parameters.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Bm25Params {
+    /// Term-frequency saturation: how much a term's repeats in one document keep
+    /// adding to its score (0 = not at all; pyserini's default 0.9).
     pub k1: f32,
+    /// Length normalisation, in `0..=1`: how much a document longer than the average
+    /// is discounted (0 = not at all; pyserini's default 0.4).
     pub b: f32,
 }
 
@@ -58,7 +62,10 @@ pub struct Bm25Index {
 /// One hit: the document's number in the index and its score.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Hit {
+    /// The document's number: its position in the texts given to
+    /// [`Bm25Index::build`].
     pub doc: usize,
+    /// Its BM25 score for the query (positive; higher is better).
     pub score: f32,
 }
 
@@ -99,10 +106,12 @@ impl Bm25Index {
         }
     }
 
+    /// The number of documents indexed.
     pub fn len(&self) -> usize {
         self.doc_len.len()
     }
 
+    /// Whether no document is indexed (every search then finds nothing).
     pub fn is_empty(&self) -> bool {
         self.doc_len.is_empty()
     }

@@ -25,20 +25,37 @@ pub const MAX_ABS: f64 = 1e15;
 /// Why an expression was rejected; shown to the model as the observation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CalcError {
+    /// Nothing but whitespace to evaluate.
     #[error("empty expression")]
     Empty,
+    /// More than [`MAX_EXPR_CHARS`] characters.
     #[error("expression longer than {MAX_EXPR_CHARS} characters")]
     TooLong,
+    /// Parentheses and unary signs nested more than [`MAX_DEPTH`] deep.
     #[error("expression nested deeper than {MAX_DEPTH} levels")]
     TooDeep,
+    /// A character the grammar has no place for here (a letter, a stray `)`, a
+    /// missing operator between two numbers).
     #[error("unexpected character {ch:?} at position {pos}")]
-    UnexpectedChar { ch: char, pos: usize },
+    UnexpectedChar {
+        /// The character found.
+        ch: char,
+        /// Its 0-based position in the expression, in characters.
+        pos: usize,
+    },
+    /// The expression stops where an operand or `)` is still needed (`2 +`, `(1`).
     #[error("unexpected end of expression")]
     UnexpectedEnd,
+    /// A dot with no digit where a number should be (`.` alone).
     #[error("invalid number at position {pos}")]
-    InvalidNumber { pos: usize },
+    InvalidNumber {
+        /// The 0-based position, in characters, where the number starts.
+        pos: usize,
+    },
+    /// A division whose divisor is zero.
     #[error("division by zero")]
     DivisionByZero,
+    /// A number or intermediate result whose magnitude exceeds [`MAX_ABS`].
     #[error("value out of range (magnitude above 1e15)")]
     OutOfRange,
 }

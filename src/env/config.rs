@@ -12,6 +12,7 @@ use crate::env::tags::Tags;
 /// Settings shared by the tool environments.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EnvConfig {
+    /// The protocol's tag names (Search-R1's by default).
     pub tags: Tags,
     /// Tool turns before the forced answer turn (Search-R1's `max_turns`).
     /// Zero gives a direct-answer baseline: the first step must answer.
@@ -20,6 +21,7 @@ pub struct EnvConfig {
     pub tool_timeout: Duration,
     /// Tool output beyond this many characters is cut.
     pub max_observation_chars: usize,
+    /// How a finished episode is scored.
     pub reward: RewardConfig,
 }
 

@@ -14,15 +14,20 @@ use crate::env::jsonl::{parse_jsonl_lines, read_jsonl_lines, write_jsonl};
 /// One corpus line as stored on disk.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CorpusRecord {
+    /// The document's id, unique in the corpus.
     pub id: DocId,
+    /// `"Title"` on the first line, the text after it.
     pub contents: String,
 }
 
 /// A parsed document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Document {
+    /// The document's id, unique in the corpus.
     pub id: DocId,
+    /// The title, without the quotes it is stored with.
     pub title: String,
+    /// The body after the title line (may be empty).
     pub text: String,
 }
 
@@ -112,18 +117,22 @@ impl Corpus {
         write_jsonl(path, &records)
     }
 
+    /// Every document, in load order (the order the search index numbers them in).
     pub fn docs(&self) -> &[Document] {
         &self.docs
     }
 
+    /// The number of documents.
     pub fn len(&self) -> usize {
         self.docs.len()
     }
 
+    /// Whether the corpus has no document.
     pub fn is_empty(&self) -> bool {
         self.docs.is_empty()
     }
 
+    /// The document with id `id`, if the corpus has it.
     pub fn get(&self, id: &DocId) -> Option<&Document> {
         self.by_id.get(id).map(|&i| &self.docs[i])
     }

@@ -33,7 +33,10 @@ pub struct StepOutcome {
 /// The grade of a trajectory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Score {
+    /// The trajectory's reward: one of the [`RewardLevels`](crate::env::RewardLevels)
+    /// (or between two of them with the F1 metric); what advantages are computed from.
     pub reward: f64,
+    /// How the reward came about.
     pub details: ScoreDetails,
 }
 
@@ -52,9 +55,13 @@ pub struct ScoreDetails {
     pub well_formed: bool,
     /// The first format problem, as `step N: issue`, when malformed.
     pub format_issue: Option<String>,
+    /// Steps the model took, the final answer's included.
     pub steps: usize,
+    /// Steps that ran the tool.
     pub tool_calls: usize,
+    /// Tool calls that failed or timed out (their error text was the observation).
     pub tool_errors: usize,
+    /// Steps that were not a valid action.
     pub invalid_actions: usize,
 }
 

@@ -21,6 +21,8 @@ use crate::model::chat::ChatMessage;
 pub struct StepRecord {
     /// The model's text for this step (generated tokens, loss mask 1).
     pub text: String,
+    /// The action the environment parsed from `text` (an action not allowed in this
+    /// environment or turn is [`Action::Invalid`]).
     pub action: Action,
     /// Appended observation (prompt tokens, loss mask 0), if any.
     pub observation: Option<String>,
@@ -44,7 +46,9 @@ pub enum SegmentKind {
 /// A piece of the completion after the prompt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Segment<'a> {
+    /// Whether the model wrote it or the environment appended it.
     pub kind: SegmentKind,
+    /// The text, exactly as it appears in the completion.
     pub text: &'a str,
 }
 
@@ -56,7 +60,10 @@ pub trait ExternalState: Send + Sync + fmt::Debug + Any {
     /// a copy that could not be made records why, and the branch's next step reports
     /// it (the branch fails, the run goes on).
     fn fork(&self) -> Box<dyn ExternalState>;
+    /// `self`, for [`Episode::external_state`] to downcast (implement as `self`).
     fn as_any(&self) -> &dyn Any;
+    /// `self` mutably, for [`Episode::external_state_mut`] to downcast (implement
+    /// as `self`).
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
@@ -126,6 +133,7 @@ impl Episode {
         self.external.as_mut()?.0.as_any_mut().downcast_mut()
     }
 
+    /// The sample the episode answers (its question and golden answers).
     pub fn sample(&self) -> &QaSample {
         &self.sample
     }
@@ -135,10 +143,13 @@ impl Episode {
         &self.prompt
     }
 
+    /// The steps taken so far, oldest first.
     pub fn steps(&self) -> &[StepRecord] {
         &self.steps
     }
 
+    /// Whether the episode is over (answered, or its forced answer turn used): a
+    /// further step is [`EnvError::EpisodeFinished`](crate::env::EnvError::EpisodeFinished).
     pub fn is_done(&self) -> bool {
         self.done
     }

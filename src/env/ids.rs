@@ -16,9 +16,11 @@ macro_rules! string_id {
         pub struct $name(String);
 
         impl $name {
+            /// The id with text `id` (any string; ids are compared as text).
             pub fn new(id: impl Into<String>) -> Self {
                 Self(id.into())
             }
+            /// The id's text.
             pub fn as_str(&self) -> &str {
                 &self.0
             }

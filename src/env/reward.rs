@@ -31,10 +31,15 @@ pub enum RewardMetric {
 /// The five reward levels (defaults in the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RewardLevels {
+    /// A correct answer in a well-formed trajectory (default 1.0).
     pub correct_well_formed: f64,
+    /// A correct answer in a malformed trajectory (default 0.8).
     pub correct_malformed: f64,
+    /// A wrong answer in a well-formed trajectory (default 0.2).
     pub wrong_well_formed: f64,
+    /// A wrong answer in a malformed trajectory (default 0.1).
     pub wrong_malformed: f64,
+    /// No answer at all, whatever the format (default 0.0).
     pub no_answer: f64,
 }
 
@@ -53,7 +58,9 @@ impl Default for RewardLevels {
 /// Metric plus levels.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
 pub struct RewardConfig {
+    /// What counts as a correct answer.
     pub metric: RewardMetric,
+    /// The reward of each outcome.
     pub levels: RewardLevels,
 }
 

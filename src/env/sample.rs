@@ -14,8 +14,13 @@ use crate::env::jsonl::{parse_jsonl_lines, read_jsonl_lines, write_jsonl};
 /// One question (or arithmetic problem) with its accepted answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QaSample {
+    /// The sample's id; its rollout trees and trajectories carry it as `prompt_uid`.
     pub id: SampleId,
+    /// The question the model is asked, as plain text (the environment wraps it in
+    /// its instructions).
     pub question: String,
+    /// Every answer graded as correct (matched after normalisation); loading checks
+    /// that at least one is not blank.
     pub golden_answers: Vec<String>,
     /// Retrieval hops the question needs (1 or 2 for generated multi-hop).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -40,6 +40,7 @@ impl Bm25Retriever {
         Self { corpus, index }
     }
 
+    /// The documents searched.
     pub fn corpus(&self) -> &Corpus {
         &self.corpus
     }
@@ -62,6 +63,8 @@ pub struct SearchTool {
 }
 
 impl SearchTool {
+    /// A tool that answers each query with the `top_k` best documents of
+    /// `retriever` (at least one: a `top_k` of 0 counts as 1).
     pub fn new(retriever: Arc<Bm25Retriever>, top_k: usize) -> Self {
         Self {
             retriever,

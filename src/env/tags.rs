@@ -12,10 +12,15 @@ use crate::env::error::EnvError;
 /// Tag names, without the angle brackets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tags {
+    /// The model's reasoning block (`think`); the action parser skips past its close.
     pub think: String,
+    /// The search action (`search`).
     pub search: String,
+    /// The final-answer action (`answer`).
     pub answer: String,
+    /// The calculator action (`calc`).
     pub calc: String,
+    /// What the environment wraps a tool's result in (`information`).
     pub information: String,
 }
 

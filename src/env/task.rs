@@ -167,7 +167,9 @@ impl Task {
 /// A task's data split: prompts to train on, and held-out prompts to evaluate on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
+    /// The prompts to train on (`train.jsonl`).
     Train,
+    /// The held-out prompts to evaluate on (`test.jsonl`).
     Test,
 }
 

@@ -30,16 +30,22 @@ pub trait Tool: Send + Sync {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolStatus {
+    /// The tool returned its result.
     Ok,
+    /// The tool returned a [`ToolError`]; the observation is its message and causes.
     Failed,
+    /// The call ran past the environment's tool timeout and was aborted.
     TimedOut,
+    /// The tool's task panicked (or was cancelled).
     Panicked,
 }
 
 /// A finished tool call: the observation body and how it ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolOutcome {
+    /// How the call ended.
     pub status: ToolStatus,
+    /// The observation body: the tool's result, or `Tool error (NAME): why`.
     pub text: String,
 }
 

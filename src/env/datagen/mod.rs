@@ -25,12 +25,15 @@ pub use multihop::{generate_multihop, MultihopSizes, COMMITTED_MULTIHOP_SEED};
 pub struct Dataset {
     /// Generator name (`multihop`, `calc`).
     pub name: String,
+    /// The generator's seed: the same seed and sizes give the same bytes.
     pub seed: u64,
     /// The sizes it was generated with.
     pub params: serde_json::Value,
     /// Documents; empty for tasks without retrieval.
     pub corpus: Vec<Document>,
+    /// The training split (questions with golden answers).
     pub train: Vec<QaSample>,
+    /// The held-out split, disjoint from `train`.
     pub test: Vec<QaSample>,
 }
 

@@ -20,12 +20,19 @@ pub const COMMITTED_MULTIHOP_SEED: u64 = 2509_21240;
 /// Entity and question counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MultihopSizes {
+    /// Rivers (named in town documents; no documents of their own). At least 1.
     pub rivers: usize,
+    /// Towns, one document each. At least 1.
     pub towns: usize,
+    /// People, one document each. At least 1.
     pub people: usize,
+    /// Companies, one document each. At least 1.
     pub companies: usize,
+    /// Products, one document each. At least 1.
     pub products: usize,
+    /// Questions in the train split.
     pub train_questions: usize,
+    /// Questions in the test split (disjoint from the train questions).
     pub test_questions: usize,
     /// Share of 2-hop questions in each split, in percent.
     pub two_hop_percent: u32,

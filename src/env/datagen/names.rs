@@ -20,6 +20,7 @@ pub struct NameGen {
 }
 
 impl NameGen {
+    /// A generator that has produced no word yet.
     pub fn new() -> Self {
         Self::default()
     }

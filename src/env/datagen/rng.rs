@@ -7,10 +7,12 @@
 pub struct Rng(u64);
 
 impl Rng {
+    /// The stream for `seed`; equal seeds give equal streams on every machine.
     pub fn new(seed: u64) -> Self {
         Self(seed)
     }
 
+    /// The next 64 uniformly distributed bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;

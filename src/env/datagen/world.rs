@@ -61,61 +61,106 @@ const OCCUPATIONS: &[&str] = &[
     "poet",
 ];
 
+/// A town of the world. Indices (`river`, `region`, `twin`) point into the
+/// [`World`]'s lists.
 pub struct Town {
+    /// The town's invented name (unique in the world).
     pub name: String,
+    /// The river it lies on (index into [`World::rivers`]).
     pub river: usize,
+    /// Its region (index into [`World::regions`]).
     pub region: usize,
+    /// The year it was founded.
     pub founded: i64,
+    /// Its inhabitants (a multiple of 100).
     pub population: i64,
+    /// Another town it may be said to be twinned with (a distractor fact).
     pub twin: usize,
 }
 
+/// A person of the world. Town indices point into [`World::towns`], person
+/// indices into [`World::people`].
 pub struct Person {
+    /// First name; first names repeat across people.
     pub first: String,
+    /// Surname, unique in the world.
     pub last: String,
+    /// The town they were born in (what 2-hop questions ask).
     pub birth_town: usize,
+    /// The town they later moved to (a distractor; equal to `birth_town` when
+    /// they did not move).
     pub moved_to: usize,
+    /// A town they may be said to have lectured in (a distractor).
     pub lecture_town: usize,
+    /// The year they were born.
     pub birth_year: i64,
+    /// Their occupation (`"engineer"`, `"painter"`, ...).
     pub occupation: &'static str,
+    /// Another person they may be said to be confused with (a distractor).
     pub confused_with: usize,
 }
 
+/// A company of the world.
 pub struct Company {
+    /// Invented name plus the sector's suffix (`"Vellmar Instruments"`).
     pub name: String,
+    /// Its sector (index into the generator's sector table: name suffix,
+    /// industry, product kinds).
     pub sector: usize,
+    /// The person who founded it (index into [`World::people`]).
     pub founder: usize,
+    /// The town it is headquartered in (index into [`World::towns`]), never the
+    /// founder's birth town, so a 2-hop question has no shortcut.
     pub hq: usize,
+    /// The year it was founded (22 to 45 years after its founder's birth).
     pub founded: i64,
+    /// Another company it may be said to rival (a distractor).
     pub rival: usize,
 }
 
+/// A product of the world.
 pub struct Product {
+    /// Invented name, sometimes with a model number (`"Drelok 450"`).
     pub name: String,
+    /// What it is (`"barometer"`, `"telescope"`, ...), from its maker's sector.
     pub kind: &'static str,
+    /// The company that makes it (index into [`World::companies`]).
     pub maker: usize,
+    /// The year it was first released (after its maker was founded).
     pub released: i64,
+    /// Another product reviewers may be said to compare it with (a distractor).
     pub compared_with: usize,
 }
 
 /// All entities; document ids follow the order towns, people, companies,
 /// products.
 pub struct World {
+    /// River names, without the word "River" (rivers have no document).
     pub rivers: Vec<String>,
+    /// Region names (twelve; regions have no document).
     pub regions: Vec<String>,
+    /// The towns, in document order.
     pub towns: Vec<Town>,
+    /// The people, in document order.
     pub people: Vec<Person>,
+    /// The companies, in document order.
     pub companies: Vec<Company>,
+    /// The products, in document order.
     pub products: Vec<Product>,
 }
 
-/// How many of each entity.
+/// How many of each entity. Every count must be at least 1.
 #[derive(Debug, Clone, Copy)]
 pub struct WorldSizes {
+    /// Rivers (no documents of their own).
     pub rivers: usize,
+    /// Towns, one document each.
     pub towns: usize,
+    /// People, one document each.
     pub people: usize,
+    /// Companies, one document each.
     pub companies: usize,
+    /// Products, one document each.
     pub products: usize,
 }
 
@@ -211,24 +256,32 @@ impl World {
         }
     }
 
+    /// `"Name River"`, as documents and questions write it. Panics on an index
+    /// past [`World::rivers`] (indices come from the world itself).
     pub fn river_name(&self, river: usize) -> String {
         format!("{} River", self.rivers[river])
     }
 
+    /// A person's `"First Last"` (their document's title). Panics on an index
+    /// past [`World::people`].
     pub fn full_name(&self, person: usize) -> String {
         let p = &self.people[person];
         format!("{} {}", p.first, p.last)
     }
 
+    /// The document id of town `i` (`doc00000`, ...: towns come first).
     pub fn town_doc(&self, i: usize) -> DocId {
         DocId::new(format!("doc{i:05}"))
     }
+    /// The document id of person `i` (numbered after the towns).
     pub fn person_doc(&self, i: usize) -> DocId {
         self.town_doc(self.towns.len() + i)
     }
+    /// The document id of company `i` (numbered after the people).
     pub fn company_doc(&self, i: usize) -> DocId {
         self.person_doc(self.people.len() + i)
     }
+    /// The document id of product `i` (numbered after the companies).
     pub fn product_doc(&self, i: usize) -> DocId {
         self.company_doc(self.companies.len() + i)
     }
