@@ -11,14 +11,21 @@ use crate::engine::{Sampling, SamplingError};
 /// same words whichever way it came in (CLI, server, Python, Ray).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum TreeConfigError {
+    /// `trees` (M) is 0 and no chains were asked for.
     #[error("trees must be at least 1 (or chains, for the GRPO baseline)")]
     NoTrees,
+    /// `chains` (G) is 0.
     #[error("chains must be at least 1")]
     NoChains,
+    /// `keep` (K) is 0: a tree must keep at least one leaf (leave it unset to keep
+    /// every leaf).
     #[error("keep must be at least 1 (or absent: every leaf)")]
     KeepZero,
+    /// `max_step_tokens` is 0: a step must be allowed at least one token.
     #[error("max_step_tokens must be at least 1")]
     NoStepTokens,
+    /// The sampling settings (temperature, ...) are refused by the engine's rule;
+    /// shown as that error itself.
     #[error(transparent)]
     Sampling(#[from] SamplingError),
 }
@@ -48,6 +55,7 @@ pub struct TreeShape {
     pub rounds: usize,
     /// K: leaves kept per tree at random (all when `None`).
     pub keep: Option<usize>,
+    /// How the nodes to branch from are chosen in each round.
     pub selection: Selection,
 }
 
@@ -87,14 +95,27 @@ impl TreeShape {
 /// instead of trees (the GRPO baseline).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TreeOptions {
+    /// M: trees per prompt (at least 1 unless `chains` is set).
     pub trees: usize,
+    /// N: branches grown per tree per round.
     pub expand: usize,
+    /// L: expansion rounds (0: the trees stay single chains).
     pub rounds: usize,
+    /// K: leaves kept per tree at random (`None`: every leaf; 0 is refused).
     pub keep: Option<usize>,
+    /// G: independent chains per prompt instead of trees (overrides the tree
+    /// options; 0 is refused).
     pub chains: Option<usize>,
+    /// How the nodes to branch from are chosen in each round.
     pub selection: Selection,
+    /// Sampling temperature of every step: finite and at least 0 (0: greedy; 1.0
+    /// samples the model's own distribution).
     pub temperature: f32,
+    /// Most tokens one step may generate before it is cut (at least 1).
     pub max_step_tokens: usize,
+    /// The run's seed: every branch's sampling and every random choice (expansion
+    /// nodes, kept leaves) derives from it and the prompt, tree and branch indices,
+    /// so the same seed and inputs grow the same trees.
     pub seed: u64,
 }
 
@@ -141,10 +162,17 @@ impl TreeOptions {
 /// the sampling ones), as `summary.json` has always had it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TreeConfig {
+    /// M, N, L, K and the node selection.
     #[serde(flatten)]
     pub shape: TreeShape,
+    /// How each step's tokens are sampled (greedy, or a temperature with optional
+    /// top-k / top-p / min-p cuts).
     pub sampling: Sampling,
+    /// Most tokens one step may generate before it is cut (at least 1).
     pub max_step_tokens: usize,
+    /// The run's seed: every branch's sampling and every random choice (expansion
+    /// nodes, kept leaves) derives from it and the prompt, tree and branch indices,
+    /// so the same seed and inputs grow the same trees.
     pub seed: u64,
     /// Fork branches from cached prefixes (on) or re-send every prefix (off).
     pub prefix_reuse: bool,

@@ -19,6 +19,7 @@ pub struct ForestCost {
     pub observation_tokens: u64,
     /// Prefix tokens re-sent because prefix reuse was off.
     pub recomputed: u64,
+    /// Steps that called the environment's tool.
     pub tool_calls: u64,
     /// Branches not started because the run's token budget was spent.
     pub skipped_branches: u64,

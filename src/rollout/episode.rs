@@ -16,6 +16,7 @@ use super::trajectory::Trajectory;
 /// Sampling settings of an episode.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EpisodeParams {
+    /// How each token is sampled.
     pub sampling: Sampling,
     /// Most tokens the model may write in one step.
     pub max_step_tokens: usize,

@@ -13,12 +13,21 @@ use super::trajectory::Trajectory;
 /// One line of `trajectories.jsonl`.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct TrajectoryRecord {
+    /// The sample (prompt) the trajectory answers; trajectories of one prompt form
+    /// its advantage group.
     pub prompt_uid: String,
+    /// The tree it ends in, by index among its prompt's trees.
     pub tree_id: usize,
+    /// Its leaf node in that tree.
     pub leaf_id: NodeId,
+    /// Node ids from the root to the leaf, both included (the steps it shares with
+    /// other trajectories of the tree are a common prefix of their paths).
     pub node_path: Vec<NodeId>,
+    /// The tokens, masks, logprobs and reward (flattened into the record's JSON).
     #[serde(flatten)]
     pub trajectory: Trajectory,
+    /// The leaf's advantage under the run's advantage mode: the weight of every
+    /// model token of the trajectory in the policy-gradient loss.
     pub advantage: f64,
     /// The temperature `response_logprobs` were taken under (the rollout's sampling
     /// temperature; 1 for greedy): the trainer scores under the same. Absent in files

@@ -47,16 +47,26 @@ impl fmt::Display for NodeId {
 /// One agent step (or the root).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Node {
+    /// The node's own id (its index in the tree's `nodes`).
     pub id: NodeId,
+    /// The step it continues; `None` only for the root.
     pub parent: Option<NodeId>,
+    /// Steps from the root: 0 for the root, 1 for a first step, and so on (a leaf's
+    /// depth is its trajectory's number of turns).
     pub depth: usize,
     /// Generated tokens of this step and their logprobs.
     pub tokens: Vec<TokenId>,
+    /// Natural-log probability of each of `tokens` when it was sampled (same length
+    /// as `tokens`, or empty where none was recorded).
     pub logprobs: Vec<f32>,
     /// Observation tokens appended after this step (empty for a leaf).
     pub obs_tokens: Vec<TokenId>,
+    /// The step's text as the model wrote it (empty for the root).
     pub text: String,
+    /// The action the environment parsed from the step (`None` for the root).
     pub action: Option<Action>,
+    /// The observation text the environment answered with (`None` for the root
+    /// and for a step that ended the episode).
     pub observation: Option<String>,
     /// The episode ended with this step.
     pub terminal: bool,
@@ -69,6 +79,7 @@ pub struct Node {
 }
 
 impl Node {
+    /// The root node: the prompt, with no tokens, depth 0 and no parent.
     pub fn root() -> Self {
         Node {
             id: NodeId::ROOT,
@@ -91,12 +102,17 @@ impl Node {
 /// One tree of a prompt's forest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tree {
+    /// The id of the sample (prompt) the tree answers.
     pub prompt_uid: String,
+    /// The tree's index among its prompt's trees (`0..M`).
     pub tree_id: usize,
+    /// The nodes, indexed by [`NodeId`]: the root first, every child after its
+    /// parent.
     pub nodes: Vec<Node>,
 }
 
 impl Tree {
+    /// A tree holding only its root.
     pub fn new(prompt_uid: String, tree_id: usize) -> Self {
         Tree {
             prompt_uid,
@@ -105,6 +121,7 @@ impl Tree {
         }
     }
 
+    /// The finished trajectories' last steps (nodes whose episode ended), in id order.
     pub fn leaves(&self) -> impl Iterator<Item = &Node> {
         self.nodes.iter().filter(|n| n.terminal)
     }
@@ -163,15 +180,20 @@ pub struct FailedBranch {
     pub start_node: NodeId,
     /// Agent steps it had completed when it failed.
     pub steps_done: usize,
+    /// The error that stopped it, as its message reads.
     pub error: String,
 }
 
 /// A finished forest: its trees, the branches that failed, and what it cost.
 #[derive(Debug)]
 pub struct Forest {
+    /// The prompt's trees, in tree order (none when the prompt itself failed).
     pub trees: Vec<Tree>,
+    /// Branches (or the prompt itself) that failed; empty when all went well.
     pub failed: Vec<FailedBranch>,
+    /// Tokens computed, reused and appended, tool calls, skipped branches.
     pub cost: ForestCost,
+    /// Wall-clock seconds the prompt's search took.
     pub wall_seconds: f64,
 }
 

@@ -18,6 +18,9 @@ pub struct Output {
 }
 
 impl Output {
+    /// Creates `dir` (and its parents) and empty `trajectories.jsonl` and
+    /// `forest.jsonl` in it, replacing earlier ones; the run appends each finished
+    /// prompt to them, in prompt order, and ends with `summary.json`.
     pub fn create(dir: &Path) -> Result<Self, RolloutError> {
         let io = |e: std::io::Error| RolloutError::Io(dir.to_path_buf(), e);
         std::fs::create_dir_all(dir).map_err(io)?;

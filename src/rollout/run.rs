@@ -37,6 +37,9 @@ const PROMPT_ROOM_FRACTION: usize = 8;
 /// How a run is driven, beyond the shape of its trees.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
+    /// How leaf advantages are computed from the rewards (see
+    /// [`TreeConfig::default_advantage`](super::TreeConfig::default_advantage) for the
+    /// usual choice).
     pub advantage: AdvantageMode,
     /// Stop starting branches once this many tokens were computed (`--token-budget`).
     pub token_budget: Option<u64>,
@@ -51,6 +54,8 @@ pub struct RunOptions {
 }
 
 impl RunOptions {
+    /// A run with `advantage`, no token budget, every prompt at once, starting at
+    /// prompt 0.
     pub fn new(advantage: AdvantageMode) -> Self {
         RunOptions {
             advantage,
@@ -64,10 +69,16 @@ impl RunOptions {
 /// Progress after each finished prompt.
 #[derive(Debug, Clone, Copy)]
 pub struct Progress {
+    /// Prompts whose forests are finished.
     pub prompts_done: usize,
+    /// Prompts in the run.
     pub prompts: usize,
+    /// Trajectories (kept leaves) finished so far.
     pub rollouts: usize,
+    /// Tokens the engine computed since the run started (prefilled, decoded and
+    /// recomputed after preemption).
     pub computed_tokens: u64,
+    /// Wall-clock seconds since the run started.
     pub seconds: f64,
 }
 
@@ -84,9 +95,13 @@ struct Finished {
 /// What to roll out: the environment and its prompts, the shape of the search (tree or
 /// chains, sampling, seed) and how the run is driven (advantage, budget, concurrency).
 pub struct RolloutRequest {
+    /// The environment every episode runs in.
     pub env: Arc<dyn Environment>,
+    /// The prompts, one forest each, in the order results are reported.
     pub samples: Vec<QaSample>,
+    /// The search: tree shape (or chains), sampling, step length, seed.
     pub config: TreeConfig,
+    /// Advantage mode, token budget, concurrency, prompt offset.
     pub options: RunOptions,
 }
 
@@ -94,8 +109,12 @@ pub struct RolloutRequest {
 /// order (what `--out DIR` writes, for callers that keep it in memory instead).
 #[derive(Debug)]
 pub struct RolloutResult {
+    /// What `summary.json` holds: the config, per-prompt and overall figures.
     pub summary: RunSummary,
+    /// One per kept leaf, with its advantage (the lines of `trajectories.jsonl`).
     pub records: Vec<TrajectoryRecord>,
+    /// Every tree, with node values and advantages filled in (the lines of
+    /// `forest.jsonl`).
     pub trees: Vec<Tree>,
 }
 
@@ -108,6 +127,7 @@ pub type ProgressFn = Box<dyn FnMut(Progress) + Send>;
 pub struct RunHooks {
     /// Files written as prompts finish, in prompt order (`--out DIR`).
     pub output: Option<Output>,
+    /// Called after each finished prompt.
     pub progress: Option<ProgressFn>,
     /// Resolves when the run should stop early (SIGINT in the CLI).
     pub interrupt: Option<Interrupt>,

@@ -33,7 +33,10 @@ use super::select::select_nodes;
 /// A prompt as the run started it: its episode (the environment's `start`, called
 /// once per prompt) and the episode's prompt as token ids.
 pub struct PromptStart {
+    /// The started episode every tree of the prompt branches from.
     pub episode: Episode,
+    /// The episode's prompt (its chat messages through the chat template) as token
+    /// ids: the root every tree shares.
     pub prompt_ids: Vec<TokenId>,
 }
 

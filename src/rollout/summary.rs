@@ -74,17 +74,26 @@ impl TokenSummary {
 /// One prompt's forest in `summary.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ForestSummary {
+    /// The prompt's index in the run (offset by
+    /// [`RunOptions::prompt_offset`](super::RunOptions::prompt_offset)).
     pub prompt_index: usize,
+    /// The sample's id.
     pub prompt_uid: String,
+    /// Trees grown for the prompt.
     pub trees: usize,
+    /// Trajectories (kept leaves) it gave.
     pub rollouts: usize,
+    /// Mean reward of those trajectories (0 when there are none).
     pub mean_reward: f64,
+    /// The forest's token counts.
     pub tokens: TokenSummary,
+    /// Tool calls its episodes made.
     pub tool_calls: u64,
     /// Branches not started because the token budget was spent.
     pub skipped_branches: u64,
     /// Branches that could not fit the KV pool or the context window.
     pub failed_branches: Vec<FailedBranch>,
+    /// Wall-clock seconds the prompt's search took.
     pub wall_seconds: f64,
 }
 
@@ -95,18 +104,26 @@ pub struct RunSummary {
     pub prompts: usize,
     /// Prompts whose forest finished (fewer after an interrupt).
     pub prompts_finished: usize,
+    /// Trajectories (kept leaves) over all prompts.
     pub rollouts: usize,
+    /// Mean reward of every trajectory (0 when there are none).
     pub mean_reward: f64,
     /// Totals: the forests' figures plus the run's shared prefix.
     pub tokens: TokenSummary,
+    /// `tokens.computed / rollouts`: what one trajectory cost the model (0 when
+    /// there are none); prefix reuse is what lowers it.
     pub tokens_computed_per_rollout: f64,
     /// Tokens the model computed (prefilled + decoded) per second of wall time: the
     /// rollout's own throughput, tool waits and scheduling included.
     pub computed_tokens_per_second: f64,
+    /// Tool calls over all prompts.
     pub tool_calls: u64,
     /// Branches that failed (each listed in its forest's `failed_branches`).
     pub failed_branches: usize,
+    /// Wall-clock seconds of the whole run.
     pub wall_seconds: f64,
+    /// Most bytes of KV blocks the engine had in use at once, as its counter read at
+    /// the end of the run (a peak over the engine's life, so it may predate the run).
     pub peak_kv_bytes: u64,
     /// The KV pool's size in bytes.
     pub kv_pool_bytes: u64,
@@ -117,8 +134,11 @@ pub struct RunSummary {
     /// `exact` or `fast` (`--precision`): the arithmetic the served weights computed
     /// the logprobs with when the run started.
     pub precision: Precision,
+    /// The search the run was asked for.
     pub config: TreeConfig,
+    /// The advantage mode of the trajectories' advantages.
     pub advantage: AdvantageMode,
+    /// The run's token budget, if it had one (`--token-budget`).
     pub token_budget: Option<u64>,
     /// The token budget stopped some branches from starting.
     pub budget_exhausted: bool,
@@ -128,5 +148,6 @@ pub struct RunSummary {
     /// the run before any forest starts, so every prompt finds it in the prefix cache
     /// and the token counts do not depend on which prompt starts first.
     pub shared_prefix: TokenSummary,
+    /// One per finished prompt, in prompt order.
     pub forests: Vec<ForestSummary>,
 }
