@@ -27,12 +27,12 @@ pub mod warm;
 pub use error::LoopError;
 pub use eval::{evaluate, Evaluation};
 pub use log::{read_log, LogFile, StepLog, StepTokens};
-pub use run::{
-    checkpoint_dir, EventFn, LoopConfig, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun,
-};
 pub use record::{
     RunRecord, RunSource, WarmStartRecord, RUN_RECORD_FILE, SFT_LOG_FILE, SFT_SUMMARY_FILE,
     WARM_START_FILE,
+};
+pub use run::{
+    checkpoint_dir, EventFn, LoopConfig, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun,
 };
 pub use sft::{run_sft, sft_sample, warm_start, SftConfig, SftStepLog, WarmStart};
 pub use start::RunStart;

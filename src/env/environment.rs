@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::env::action::Action;
+use crate::env::config::EnvConfig;
 use crate::env::episode::Episode;
 use crate::env::error::EnvError;
-use crate::env::config::EnvConfig;
 use crate::env::reward::RewardMetric;
 use crate::env::sample::QaSample;
 

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::calc::CalcEnv;
+use super::config::EnvConfig;
 use super::corpus::Corpus;
 use super::environment::Environment;
 use super::error::EnvError;
-use super::config::EnvConfig;
 use super::sample::{parse_samples, QaSample};
 use super::search_qa::SearchQaEnv;
 use super::DEFAULT_TOP_K;
