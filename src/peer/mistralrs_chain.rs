@@ -75,6 +75,7 @@ use crate::model::{LoadedModel, TokenId};
 pub struct ChainWorkload {
     /// G: independent chains per prompt.
     pub chains: usize,
+    /// How each step is sampled (handed to mistral.rs as its sampling parameters).
     pub sampling: Sampling,
     /// Most tokens per agent step.
     pub max_step_tokens: usize,
@@ -110,8 +111,11 @@ impl ChainWorkload {
 /// (mistral.rs returns no token ids); `peer_*` are mistral.rs's own counters.
 #[derive(Debug, Clone, Serialize)]
 pub struct PeerRunSummary {
+    /// Prompts (samples) run.
     pub prompts: usize,
+    /// Finished chains (G per prompt).
     pub rollouts: usize,
+    /// Mean reward of the chains, scored by our environment (0 when there are none).
     pub mean_reward: f64,
     /// Σ over rollouts of the chat prompt's length.
     pub prompt_tokens: u64,
@@ -123,6 +127,7 @@ pub struct PeerRunSummary {
     pub tool_calls: u64,
     /// From the first request (warm-up included) to the last chain's end.
     pub wall_seconds: f64,
+    /// `rollouts / wall_seconds`.
     pub rollouts_per_second: f64,
     /// Of `wall_seconds`: the prefix warm-up.
     pub warmup_seconds: f64,
@@ -136,6 +141,7 @@ pub struct PeerRunSummary {
     /// mistral.rs's count of generated tokens, including the token it decodes past each
     /// stop string and the warm-up tokens.
     pub peer_completion_tokens: u64,
+    /// The workload that was run.
     pub workload: ChainWorkload,
 }
 

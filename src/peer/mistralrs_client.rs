@@ -28,6 +28,7 @@ pub enum PeerDType {
     Auto,
     /// f32, as our engine computes.
     F32,
+    /// bf16 activations (what `Auto` picks on CPU).
     Bf16,
 }
 
@@ -39,6 +40,7 @@ pub struct PeerModelConfig {
     /// mistral.rs's sequence-level prefix cache (on CPU it keeps every finished
     /// sequence's KV cache: it evicts only caches on an accelerator).
     pub prefix_cache: bool,
+    /// What mistral.rs computes activations and the KV cache in.
     pub dtype: PeerDType,
     /// Generation ignores EOS tokens (engine-wide in mistral.rs; for speed runs).
     pub disable_eos_stop: bool,

@@ -59,12 +59,19 @@ pub enum PeerError {
     /// The model file cannot be handed to mistral.rs (`msg` says why: not a file, a
     /// name that is not UTF-8).
     #[error("mistral.rs could not load {}: {msg}", .path.display())]
-    Load { path: PathBuf, msg: String },
+    Load {
+        /// The model path as given.
+        path: PathBuf,
+        /// Why it cannot be handed over.
+        msg: String,
+    },
     /// mistral.rs failed loading the model file, or panicked doing it; its error is
     /// the source (boxed: mistral.rs's loader answers with `anyhow`).
     #[error("mistral.rs could not load {}", .path.display())]
     LoadFailed {
+        /// The model file.
         path: PathBuf,
+        /// mistral.rs's error, or the panic of its loading task.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -75,7 +82,9 @@ pub enum PeerError {
     /// (boxed: its responses carry boxed errors and bare messages).
     #[error("mistral.rs request failed: {what}")]
     Rejected {
+        /// What failed (`"no engine"`, `"validation"`, `"model error"`, `"internal"`).
         what: &'static str,
+        /// mistral.rs's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -90,7 +99,9 @@ pub enum PeerError {
     #[cfg(feature = "llamacpp")]
     #[error("llama.cpp: {what}")]
     LlamaCppCache {
+        /// The KV-cache operation that was refused (`"cache copy"`).
         what: &'static str,
+        /// llama.cpp's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
