@@ -5,6 +5,7 @@
 //! - [`sft`]: the supervised warm-start on the task oracle's demonstrations.
 //! - [`warm`]: the warm-start as the commands run it (evaluations, the warm weights
 //!   served, its record), one implementation for `treegrpo sft` and `train`.
+//! - [`config`]: [`LoopConfig`], how a run runs.
 //! - [`start`]: how a run begins, fresh or resumed from its folder's record.
 //! - [`record`]: the run records, `run.json` and the warm-start's, as typed structs.
 //! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
@@ -14,6 +15,7 @@
 //! - [`log`]: `log.jsonl`, one synced line per step, read back on resume.
 //! - [`error`]: the layer's error type, [`LoopError`].
 
+pub mod config;
 pub mod error;
 pub mod eval;
 pub mod log;
@@ -24,6 +26,7 @@ pub mod sft;
 pub mod start;
 pub mod warm;
 
+pub use config::LoopConfig;
 pub use error::LoopError;
 pub use eval::{evaluate, Evaluation};
 pub use log::{read_log, LogFile, StepLog, StepTokens};
@@ -31,9 +34,7 @@ pub use record::{
     RunRecord, RunSource, WarmStartRecord, RUN_RECORD_FILE, SFT_LOG_FILE, SFT_SUMMARY_FILE,
     WARM_START_FILE,
 };
-pub use run::{
-    checkpoint_dir, EventFn, LoopConfig, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun,
-};
+pub use run::{checkpoint_dir, EventFn, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun};
 pub use sft::{run_sft, sft_sample, warm_start, SftConfig, SftStepLog, WarmStart};
 pub use start::RunStart;
 pub use warm::{

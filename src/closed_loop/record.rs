@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::config::LoopConfig;
 use super::error::LoopError;
-use super::run::LoopConfig;
 use super::sft::SftStepLog;
 use crate::advantage::AdvantageMode;
 use crate::env::Task;

@@ -20,6 +20,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::config::LoopConfig;
 use super::error::LoopError;
 use super::eval::evaluate;
 use super::log::{LogFile, StepLog, StepTokens};
@@ -36,38 +37,6 @@ use crate::train::{
     fill_reference_logprobs, restore_weights, save_checkpoint, update_serving, CheckpointExtras,
     KlReference, Optimizer, Params, TrainSample, UpdateConfig, UpdateMetrics, UpdateProgress,
 };
-
-/// How the loop runs.
-#[derive(Debug, Clone)]
-pub struct LoopConfig {
-    /// Steps to reach (a resumed run continues to the same number).
-    pub steps: u64,
-    /// Training prompts each step's rollouts run (taken in order from the training
-    /// split, cycling); must be at least 1.
-    pub prompts_per_step: usize,
-    /// The search's shape and sampling; its seed is the run's (each step derives its own).
-    pub tree: TreeConfig,
-    /// How trajectories' advantages are computed from their rewards.
-    pub advantage: AdvantageMode,
-    /// Most prompts whose forests grow at once (0: all).
-    pub concurrent_prompts: usize,
-    /// The update (its temperature is taken from `tree.sampling`).
-    pub update: UpdateConfig,
-    /// Evaluate every this many steps (and after the last; 0: only before the first and
-    /// after the last step).
-    pub eval_every: u64,
-    /// Test prompts each evaluation runs greedily (the first this many of the test
-    /// split; 0: no evaluations).
-    pub eval_prompts: usize,
-    /// Checkpoint every this many steps (and after the last; 0: only after the last).
-    pub checkpoint_every: u64,
-    /// How the engine holds the trainer's weights after an update (f32, bf16, f16).
-    pub serve_format: WeightFormat,
-    /// The KL term's reference: the policy before each update, or the weights the run
-    /// started from (kept frozen in `reference/` of the run folder, so a resumed run
-    /// compares with the same weights).
-    pub kl_reference: KlReference,
-}
 
 /// What `loop_state.json` in a checkpoint records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

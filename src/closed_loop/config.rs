@@ -1,0 +1,41 @@
+//! [`LoopConfig`]: how a training run runs — its steps, each step's prompts and search,
+//! the advantage, the update, evaluations, checkpoints, the served weights' format and
+//! the KL reference. A leaf of the layer: the loop (`run.rs`) and the run record
+//! (`record.rs`) both read it.
+
+use crate::advantage::AdvantageMode;
+use crate::model::kernels::WeightFormat;
+use crate::rollout::TreeConfig;
+use crate::train::{KlReference, UpdateConfig};
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct LoopConfig {
+    /// Steps to reach (a resumed run continues to the same number).
+    pub steps: u64,
+    /// Training prompts each step's rollouts run (taken in order from the training
+    /// split, cycling); must be at least 1.
+    pub prompts_per_step: usize,
+    /// The search's shape and sampling; its seed is the run's (each step derives its own).
+    pub tree: TreeConfig,
+    /// How trajectories' advantages are computed from their rewards.
+    pub advantage: AdvantageMode,
+    /// Most prompts whose forests grow at once (0: all).
+    pub concurrent_prompts: usize,
+    /// The update (its temperature is taken from `tree.sampling`).
+    pub update: UpdateConfig,
+    /// Evaluate every this many steps (and after the last; 0: only before the first and
+    /// after the last step).
+    pub eval_every: u64,
+    /// Test prompts each evaluation runs greedily (the first this many of the test
+    /// split; 0: no evaluations).
+    pub eval_prompts: usize,
+    /// Checkpoint every this many steps (and after the last; 0: only after the last).
+    pub checkpoint_every: u64,
+    /// How the engine holds the trainer's weights after an update (f32, bf16, f16).
+    pub serve_format: WeightFormat,
+    /// The KL term's reference: the policy before each update, or the weights the run
+    /// started from (kept frozen in `reference/` of the run folder, so a resumed run
+    /// compares with the same weights).
+    pub kl_reference: KlReference,
+}
