@@ -123,10 +123,26 @@ impl Model {
         logits: &mut StepLogits,
     ) -> Result<(), ModelError> {
         logits.prepare(0, &[]);
+        // Validate before touching the store, so a bad request leaves no partial state.
+        let Embedded {
+            spans,
+            positions,
+            mut x,
+        } = self.embed(batch)?;
+        if positions.is_empty() {
+            // Nothing to compute: no sequence's rows (as `forward`'s empty result).
+            return Ok(());
+        }
+        self.run_layers(&mut x, &spans, &positions, kv)?;
+        let (wanted, rows_per_seq) = wanted_rows(batch, &spans, &x, self.config.hidden_size);
+        self.project_logits(wanted, &rows_per_seq, logits)
+    }
+
+    /// Checks every sequence's positions and tokens and flattens the batch's new
+    /// tokens into rows of their embeddings.
+    fn embed(&self, batch: &ForwardBatch) -> Result<Embedded, ModelError> {
         let cfg = &self.config;
         let hidden = cfg.hidden_size;
-
-        // Validate before touching the store, so a bad request leaves no partial state.
         let mut spans = Vec::with_capacity(batch.seqs.len());
         let mut positions = Vec::new();
         let mut x = Vec::new();
@@ -156,43 +172,51 @@ impl Model {
                 positions.push(seq.start + i);
             }
         }
-        let rows = positions.len();
-        if rows == 0 {
-            // Nothing to compute: no sequence's rows (as `forward`'s empty result).
-            return Ok(());
-        }
-        let team = team::global();
-        let eps = cfg.rms_norm_eps;
+        Ok(Embedded {
+            spans,
+            positions,
+            x,
+        })
+    }
+
+    /// Every transformer block over the rows `x`, in place, writing each block's new
+    /// keys and values into `kv`.
+    fn run_layers(
+        &self,
+        x: &mut [f32],
+        spans: &[SeqSpan],
+        positions: &[usize],
+        kv: &mut dyn KvStore,
+    ) -> Result<(), ModelError> {
         // RoPE's sines and cosines depend on the position only: once per token.
         let angles: Vec<Vec<(f32, f32)>> = positions.iter().map(|&p| self.rope.angles(p)).collect();
-        let mut bufs = LayerBuffers::new(cfg, rows);
+        let mut bufs = LayerBuffers::new(&self.config, positions.len());
         for l in 0..self.layers.len() {
-            self.run_layer(l, &mut x, &mut bufs, &spans, &angles, kv, None)?;
+            self.run_layer(l, x, &mut bufs, spans, &angles, kv, None)?;
         }
+        Ok(())
+    }
 
-        // Only the rows that asked for logits pay for the vocabulary projection.
-        let mut wanted = Vec::new();
-        let mut rows_per_seq = Vec::with_capacity(batch.seqs.len());
-        for (seq, span) in batch.seqs.iter().zip(&spans) {
-            let range = match seq.logits {
-                LogitsWanted::None => 0..0,
-                LogitsWanted::Last => span.len.saturating_sub(1)..span.len,
-                LogitsWanted::All => 0..span.len,
-            };
-            rows_per_seq.push(range.len());
-            for i in range {
-                wanted.extend_from_slice(&x[(span.row + i) * hidden..][..hidden]);
-            }
-        }
+    /// The final norm and the vocabulary projection of the `wanted` rows, into
+    /// `logits` (`rows_per_seq` of them for each sequence, in order). On an error
+    /// `logits` holds no sequence's rows.
+    fn project_logits(
+        &self,
+        mut wanted: Vec<f32>,
+        rows_per_seq: &[usize],
+        logits: &mut StepLogits,
+    ) -> Result<(), ModelError> {
+        let hidden = self.config.hidden_size;
+        let eps = self.config.rms_norm_eps;
         let n = wanted.len() / hidden;
         let failure = Failure::default();
-        let block = logits.prepare(self.lm_head.out_features(), &rows_per_seq);
+        let block = logits.prepare(self.lm_head.out_features(), rows_per_seq);
         if n == 0 {
             return Ok(());
         }
         {
             let (ws, ls) = (SharedBuf::new(&mut wanted), SharedBuf::new(block));
-            team.run(|m| {
+            team::global().run(|m| {
                 let mine = m.share(n);
                 // SAFETY: own rows, then own columns; all rows read after the barrier.
                 unsafe {
@@ -214,4 +238,36 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// A batch's new tokens flattened: each sequence's span of rows, each row's position,
+/// and the rows' embeddings (`[rows, hidden]`).
+struct Embedded {
+    spans: Vec<SeqSpan>,
+    positions: Vec<usize>,
+    x: Vec<f32>,
+}
+
+/// The rows that asked for logits, copied out of `x` in batch order, and how many each
+/// sequence asked for: only they pay for the vocabulary projection.
+fn wanted_rows(
+    batch: &ForwardBatch,
+    spans: &[SeqSpan],
+    x: &[f32],
+    hidden: usize,
+) -> (Vec<f32>, Vec<usize>) {
+    let mut wanted = Vec::new();
+    let mut rows_per_seq = Vec::with_capacity(batch.seqs.len());
+    for (seq, span) in batch.seqs.iter().zip(spans) {
+        let range = match seq.logits {
+            LogitsWanted::None => 0..0,
+            LogitsWanted::Last => span.len.saturating_sub(1)..span.len,
+            LogitsWanted::All => 0..span.len,
+        };
+        rows_per_seq.push(range.len());
+        for i in range {
+            wanted.extend_from_slice(&x[(span.row + i) * hidden..][..hidden]);
+        }
+    }
+    (wanted, rows_per_seq)
 }

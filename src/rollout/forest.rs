@@ -197,21 +197,38 @@ pub struct Forest {
     pub wall_seconds: f64,
 }
 
+impl FailedBranch {
+    /// The failure of a prompt itself (its episode could not start, or its prompt
+    /// cannot fit the KV pool or the context window): no tree, no branch grown.
+    pub fn prompt(error: String) -> Self {
+        FailedBranch {
+            tree: None,
+            branch: 0,
+            start_node: NodeId::ROOT,
+            steps_done: 0,
+            error,
+        }
+    }
+}
+
 impl Forest {
+    /// A forest without trees: what it cost and the failures that left it empty.
+    pub fn empty(cost: ForestCost, failed: Vec<FailedBranch>, wall_seconds: f64) -> Self {
+        Forest {
+            trees: Vec::new(),
+            failed,
+            cost,
+            wall_seconds,
+        }
+    }
+
     /// The forest of a prompt that could not start (its environment failed to start
     /// the episode): no trees, the failure recorded.
     pub fn failed_prompt(error: String) -> Self {
-        Forest {
-            trees: Vec::new(),
-            failed: vec![FailedBranch {
-                tree: None,
-                branch: 0,
-                start_node: NodeId::ROOT,
-                steps_done: 0,
-                error,
-            }],
-            cost: ForestCost::default(),
-            wall_seconds: 0.0,
-        }
+        Forest::empty(
+            ForestCost::default(),
+            vec![FailedBranch::prompt(error)],
+            0.0,
+        )
     }
 }

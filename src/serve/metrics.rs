@@ -13,7 +13,8 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::engine::Histogram;
+use crate::engine::{EngineCounters, EngineStats, Histogram};
+use crate::kv::KvStats;
 
 use super::error::ServeError;
 use super::state::AppState;
@@ -48,6 +49,47 @@ impl Metrics {
             .or_insert_with(|| Histogram::new(&REQUEST_BOUNDS))
             .record(seconds);
     }
+
+    /// Requests by endpoint and status, and their latencies by endpoint (copied out
+    /// of the locks first, so a scrape holds them only that long).
+    fn write(&self, out: &mut String) {
+        let requests = self
+            .requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        family(
+            out,
+            "treegrpo_requests_total",
+            "counter",
+            "HTTP requests by endpoint and status.",
+        );
+        for ((route, status), n) in &requests {
+            let _ = writeln!(
+                out,
+                "treegrpo_requests_total{{endpoint=\"{route}\",status=\"{status}\"}} {n}"
+            );
+        }
+        let latency = self
+            .latency
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        family(
+            out,
+            "treegrpo_request_duration_seconds",
+            "histogram",
+            "Time to the response's headers, by endpoint.",
+        );
+        for (route, h) in &latency {
+            histogram(
+                out,
+                "treegrpo_request_duration_seconds",
+                &format!("endpoint=\"{route}\""),
+                h,
+            );
+        }
+    }
 }
 
 /// Middleware: counts every request under its route template (`/v1/sessions/{id}`,
@@ -67,50 +109,38 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
     response
 }
 
-/// `GET /metrics`.
+/// `GET /metrics`: the requests the middleware counted, then the engine's figures.
 pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeError> {
     let stats = state.engine.stats().await?;
-    let c = &stats.counters;
-    let kv = &stats.kv;
     let mut out = String::new();
-    let requests = state
-        .metrics
-        .requests
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    state.metrics.write(&mut out);
+    token_counters(&mut out, &stats.counters);
+    kv_blocks(&mut out, &stats.kv);
+    occupancy(&mut out, &state, &stats);
     family(
         &mut out,
-        "treegrpo_requests_total",
-        "counter",
-        "HTTP requests by endpoint and status.",
-    );
-    for ((route, status), n) in &requests {
-        let _ = writeln!(
-            out,
-            "treegrpo_requests_total{{endpoint=\"{route}\",status=\"{status}\"}} {n}"
-        );
-    }
-    let latency = state
-        .metrics
-        .latency
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    family(
-        &mut out,
-        "treegrpo_request_duration_seconds",
+        "treegrpo_step_duration_seconds",
         "histogram",
-        "Time to the response's headers, by endpoint.",
+        "Engine step latency (one ragged batch's forward and sampling).",
     );
-    for (route, h) in &latency {
-        histogram(
-            &mut out,
-            "treegrpo_request_duration_seconds",
-            &format!("endpoint=\"{route}\""),
-            h,
-        );
-    }
+    histogram(
+        &mut out,
+        "treegrpo_step_duration_seconds",
+        "",
+        &stats.step_latency,
+    );
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        out,
+    )
+        .into_response())
+}
+
+/// The engine's token and step counters.
+fn token_counters(out: &mut String, c: &EngineCounters) {
     let counters: [(&str, &str, u64); 9] = [
         (
             "treegrpo_tokens_prefilled_total",
@@ -158,9 +188,13 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeErr
             c.steps,
         ),
     ];
-    series(&mut out, "counter", &counters);
+    series(out, "counter", &counters);
+}
+
+/// KV blocks by state.
+fn kv_blocks(out: &mut String, kv: &KvStats) {
     family(
-        &mut out,
+        out,
         "treegrpo_kv_blocks",
         "gauge",
         "KV blocks by state (in_use + cached + free = total).",
@@ -174,6 +208,11 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeErr
     ] {
         let _ = writeln!(out, "treegrpo_kv_blocks{{state=\"{state_name}\"}} {n}");
     }
+}
+
+/// What is live now: sequences, sessions, admitted and queued requests, and the
+/// version of the weights served.
+fn occupancy(out: &mut String, state: &AppState, stats: &EngineStats) {
     let gauges: [(&str, &str, u64); 6] = [
         (
             "treegrpo_sequences",
@@ -206,27 +245,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeErr
             stats.weight_version,
         ),
     ];
-    series(&mut out, "gauge", &gauges);
-    family(
-        &mut out,
-        "treegrpo_step_duration_seconds",
-        "histogram",
-        "Engine step latency (one ragged batch's forward and sampling).",
-    );
-    histogram(
-        &mut out,
-        "treegrpo_step_duration_seconds",
-        "",
-        &stats.step_latency,
-    );
-    Ok((
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response())
+    series(out, "gauge", &gauges);
 }
 
 /// Unlabelled series of one kind: (name, help, value) each.
