@@ -90,9 +90,10 @@ pub async fn execute(
         progress: Some(Box::new(progress)),
         interrupt,
     };
-    let result = run_rollout(engine, request, hooks).await;
+    let summary = run_rollout(engine, request, hooks).await?.summary;
+    // Only a run that ended (an interrupted one too) has a last state worth a line.
     bar.finish();
-    Ok(result?.summary)
+    Ok(summary)
 }
 
 /// What a rollout's bar shows beside its prompts (bench's rows show the same).

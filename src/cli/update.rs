@@ -73,9 +73,8 @@ pub fn run(a: UpdateArgs) -> anyhow::Result<()> {
         a.update.update_config(data.temperature),
         &a.out,
         &mut |p| show_update(&bar, &p),
-    );
+    )?;
     bar.finish();
-    let report = report?;
     let metrics = report.metrics;
     let mut line = serde_json::to_value(&metrics)?;
     line["seconds"] = t0.elapsed().as_secs_f64().into();
