@@ -19,7 +19,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use treegrpo::advantage::{leaf_advantages, AdvantageMode, NodeView, PromptForest, TreeView};
+use treegrpo::advantage::{leaf_advantages, AdvantageMode, PromptForest};
 use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::{
     Action, EnvConfig, EnvError, Environment, Episode, ExternalState, QaSample, RewardMetric,
@@ -166,21 +166,6 @@ impl Environment for GuessEnv {
     }
 }
 
-/// A rollout tree as the advantage module sees it: parent links and leaf rewards.
-fn tree_view(tree: &Tree) -> TreeView {
-    let nodes = tree
-        .nodes
-        .iter()
-        .map(|n| match (n.parent.map(NodeId::index), n.reward) {
-            (None, _) => NodeView::root(),
-            (Some(p), Some(r)) if n.terminal => NodeView::leaf(Some(p), r),
-            (Some(p), _) => NodeView::step(p),
-        });
-    TreeView {
-        nodes: nodes.collect(),
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let path = fetch::ensure_default_model(&mut |msg| eprintln!("{msg}"))?;
@@ -227,7 +212,7 @@ async fn main() -> anyhow::Result<()> {
     // leaves (same prefix) and with the prompt's. (The rollout computed the same ones
     // for its records, `result.records`, under `RunOptions::advantage`.)
     for trees in result.trees.chunk_by(|a, b| a.prompt_uid == b.prompt_uid) {
-        let forest = PromptForest::new(trees.iter().map(tree_view).collect())?;
+        let forest = PromptForest::new(trees.iter().map(Tree::advantage_view).collect())?;
         let advantages = leaf_advantages(&forest, AdvantageMode::Tree);
         println!("\nprompt {}", trees[0].prompt_uid);
         for leaf in &advantages.leaves {

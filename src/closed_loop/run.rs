@@ -26,16 +26,14 @@ use super::eval::evaluate;
 use super::log::{LogFile, StepLog, StepTokens};
 use super::record::{RunRecord, RunSource};
 use super::samples::train_sample;
-use crate::advantage::AdvantageMode;
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
-use crate::model::kernels::WeightFormat;
 use crate::model::{LoadedModel, Model};
 use crate::rollout::export::TrajectoryRecord;
-use crate::rollout::{run_rollout, Progress, RolloutRequest, RunHooks, RunOptions, TreeConfig};
+use crate::rollout::{run_rollout, Progress, RolloutRequest, RunHooks, RunOptions};
 use crate::train::{
     fill_reference_logprobs, restore_weights, save_checkpoint, update_serving, CheckpointExtras,
-    KlReference, Optimizer, Params, TrainSample, UpdateConfig, UpdateMetrics, UpdateProgress,
+    KlReference, Optimizer, Params, TrainSample, UpdateMetrics, UpdateProgress,
 };
 
 /// What `loop_state.json` in a checkpoint records.

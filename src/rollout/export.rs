@@ -38,10 +38,18 @@ pub struct TrajectoryRecord {
 
 /// The advantage module's view of a prompt's trees.
 fn views(trees: &[Tree]) -> Vec<TreeView> {
-    trees
-        .iter()
-        .map(|t| TreeView {
-            nodes: t
+    trees.iter().map(Tree::advantage_view).collect()
+}
+
+impl Tree {
+    /// The tree as the advantage module reads it: parent links, leaf rewards (a
+    /// terminal node's), and each node's loss mask (its model tokens 1, its
+    /// observation tokens 0). What `score_forest` scores, and what a caller of
+    /// [`run_rollout`](super::run_rollout) hands [`PromptForest::new`] to compute
+    /// advantages of its own.
+    pub fn advantage_view(&self) -> TreeView {
+        TreeView {
+            nodes: self
                 .nodes
                 .iter()
                 .map(|n| {
@@ -55,8 +63,8 @@ fn views(trees: &[Tree]) -> Vec<TreeView> {
                     base.with_loss_mask(mask)
                 })
                 .collect(),
-        })
-        .collect()
+        }
+    }
 }
 
 /// Fills in values and advantages on the trees and returns one record per leaf.
