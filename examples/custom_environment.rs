@@ -222,11 +222,12 @@ async fn main() -> anyhow::Result<()> {
                 .iter()
                 .map(|&n| parse_guess(&tree[n].text).map_or("-".into(), |g| g.to_string()))
                 .collect();
+            let path: Vec<String> = path.iter().map(NodeId::to_string).collect();
             println!(
-                "  tree {} leaf {:>2}  path {:?}  guesses {:<12} reward {:.3}  advantage {:+.3}",
+                "  tree {} leaf {:>2}  path {:<10} guesses {:<12} reward {:.3}  advantage {:+.3}",
                 leaf.tree,
                 leaf.node,
-                path,
+                path.join("-"),
                 guesses.join(","),
                 leaf.reward,
                 leaf.advantage
