@@ -13,8 +13,7 @@ use super::corpus::Corpus;
 use super::environment::Environment;
 use super::error::EnvError;
 use super::sample::{parse_samples, QaSample};
-use super::search_qa::SearchQaEnv;
-use super::DEFAULT_TOP_K;
+use super::search_qa::{SearchQaEnv, DEFAULT_TOP_K};
 
 /// A built-in task. Read from text (a flag, a request field, a Python argument, a
 /// run record) through [`FromStr`](std::str::FromStr) alone, so an unknown name gets
