@@ -61,6 +61,10 @@
 //! # }
 //! ```
 
+// Every public item says what it is for: the library is embedded (Rust, Python, the
+// server), and its reference is `cargo doc`.
+#![warn(missing_docs)]
+
 pub mod advantage;
 pub mod bench;
 pub mod closed_loop;

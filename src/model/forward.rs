@@ -44,34 +44,49 @@ pub struct BatchSeq {
     pub slot: KvSlot,
     /// Position of the first new token (= tokens already in the cache).
     pub start: usize,
+    /// The tokens this forward computes for the sequence, in order: a prefill chunk
+    /// or one decode token.
     pub tokens: Vec<TokenId>,
+    /// Which of those tokens' positions need logits (usually only the last).
     pub logits: LogitsWanted,
 }
 
 /// Sequences whose new tokens are computed together in one forward.
 #[derive(Debug, Clone, Default)]
 pub struct ForwardBatch {
+    /// The sequences of the batch; their new tokens are flattened in this order.
     pub seqs: Vec<BatchSeq>,
 }
 
 /// The logits a sequence asked for, one `vocab`-wide row per wanted position.
 #[derive(Debug, Clone)]
 pub struct SeqLogits {
+    /// The sequence these logits are for (its [`BatchSeq::slot`]).
     pub slot: KvSlot,
+    /// One row of raw (unscaled) logits per wanted position, in position order.
     pub rows: Vec<Vec<f32>>,
 }
 
 /// One transformer block's weights.
 #[derive(Debug)]
 pub struct Layer {
+    /// RMSNorm weight before attention, `[hidden]`.
     pub attn_norm: Vec<f32>,
+    /// Query projection, `hidden → heads × head_dim` (with its bias on Qwen2).
     pub q: Linear,
+    /// Key projection, `hidden → kv_heads × head_dim` (with its bias on Qwen2).
     pub k: Linear,
+    /// Value projection, `hidden → kv_heads × head_dim` (with its bias on Qwen2).
     pub v: Linear,
+    /// Attention output projection, `heads × head_dim → hidden`.
     pub o: Linear,
+    /// RMSNorm weight before the feed-forward block, `[hidden]`.
     pub ffn_norm: Vec<f32>,
+    /// SwiGLU gate projection, `hidden → intermediate`.
     pub gate: Linear,
+    /// SwiGLU up projection, `hidden → intermediate`.
     pub up: Linear,
+    /// Feed-forward output projection, `intermediate → hidden`.
     pub down: Linear,
 }
 
@@ -90,6 +105,7 @@ pub struct Model {
 }
 
 impl Model {
+    /// The architecture these weights implement (dimensions, RoPE, norms, vocabulary).
     pub fn config(&self) -> &ModelConfig {
         &self.config
     }
