@@ -127,8 +127,19 @@ impl World {
                     value_of(row, layer),
                 );
                 if let Err(e) = stored {
-                    // Only the copy-on-write fallback of an unreserved write can fail.
-                    assert!(e.to_string().contains("out of blocks"), "{e}");
+                    // Only the copy-on-write fallback of an unreserved write can fail,
+                    // and only for want of blocks: the store's error carries the
+                    // cache's `KvError` as its source.
+                    let cause = match &e {
+                        treegrpo::model::ModelError::KvStore(source) => {
+                            source.downcast_ref::<treegrpo::kv::KvError>()
+                        }
+                        _ => None,
+                    };
+                    assert!(
+                        matches!(cause, Some(treegrpo::kv::KvError::OutOfBlocks { .. })),
+                        "{e:?}"
+                    );
                     self.out_of_blocks += 1;
                     c.truncate(seq, len).unwrap();
                     return;
