@@ -23,9 +23,7 @@ pub enum ServeError {
     #[error("invalid request body")]
     Body(#[source] serde_json::Error),
     /// The body holds a field this endpoint does not read.
-    #[error(
-        "unknown field `{0}`: this endpoint does not read it (see the README's server section)"
-    )]
+    #[error("unknown field `{0}`: this endpoint does not read it (see docs/serving.md)")]
     UnknownField(String),
     /// The body is over the server's size limit (`--max-body-mib`).
     #[error("the request body is over the limit of {limit} bytes")]
