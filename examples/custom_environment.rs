@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use treegrpo::advantage::{leaf_advantages, AdvantageMode, PromptForest};
 use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::{
-    Action, EnvConfig, EnvError, Environment, Episode, ExternalState, QaSample, RewardMetric,
-    Score, ScoreDetails, StepOutcome, StepRecord,
+    EnvConfig, EnvError, Environment, Episode, ExternalState, QaSample, RewardMetric, Score,
+    ScoreDetails, StepOutcome,
 };
 use treegrpo::model::{fetch, ChatMessage, LoadedModel};
 use treegrpo::rollout::{
@@ -120,21 +120,7 @@ impl Environment for GuessEnv {
         if let (Some(g), Some(state)) = (guess, episode.external_state_mut::<Game>()) {
             state.last_guess = Some(g);
         }
-        let action = Action::External { continues: !done };
-        let record = StepRecord {
-            text: text.to_string(),
-            action: action.clone(),
-            observation: observation.clone(),
-            format_issue: None,
-            tool_status: None,
-            answer_only_turn: false,
-        };
-        episode.push(record, done);
-        Ok(StepOutcome {
-            observation,
-            done,
-            action,
-        })
+        Ok(StepOutcome::external(episode, text, observation, done))
     }
 
     fn score(&self, episode: &Episode) -> Score {

@@ -22,8 +22,8 @@ use async_trait::async_trait;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
 use treegrpo::env::{
-    Action, EnvConfig, EnvError, Environment, Episode, ExternalState, QaSample, RewardMetric,
-    Score, ScoreDetails, StepOutcome, StepRecord,
+    EnvConfig, EnvError, Environment, Episode, ExternalState, QaSample, RewardMetric, Score,
+    ScoreDetails, StepOutcome,
 };
 
 use crate::convert;
@@ -277,25 +277,10 @@ impl Environment for PyEnvironment {
             .await?;
         // The last allowed step ends the episode whatever the environment said.
         let done = done || episode.steps().len() + 1 > self.config.max_turns;
-        let observation = if done { None } else { observation };
         if let Some(state) = episode.external_state_mut::<PyEpisode>() {
             state.reward = reward;
         }
-        let action = Action::External { continues: !done };
-        let record = StepRecord {
-            text: step_text.to_owned(),
-            action: action.clone(),
-            observation: observation.clone(),
-            format_issue: None,
-            tool_status: None,
-            answer_only_turn: false,
-        };
-        episode.push(record, done);
-        Ok(StepOutcome {
-            observation,
-            done,
-            action,
-        })
+        Ok(StepOutcome::external(episode, step_text, observation, done))
     }
 
     fn score(&self, episode: &Episode) -> Score {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::env::action::Action;
 use crate::env::config::EnvConfig;
-use crate::env::episode::Episode;
+use crate::env::episode::{Episode, StepRecord};
 use crate::env::error::EnvError;
 use crate::env::reward::RewardMetric;
 use crate::env::sample::QaSample;
@@ -28,6 +28,36 @@ pub struct StepOutcome {
     /// The action as the environment understood it (an action not allowed
     /// in this environment or turn is `Invalid`).
     pub action: Action,
+}
+
+impl StepOutcome {
+    /// Records a step of an environment outside the built-in step protocol (a Python
+    /// environment, a custom Rust one): `text` as the model wrote it, `observation`
+    /// appended unless the episode is `done`, the action [`Action::External`]. What
+    /// such an environment's [`Environment::step`] returns.
+    pub fn external(
+        episode: &mut Episode,
+        text: &str,
+        observation: Option<String>,
+        done: bool,
+    ) -> Self {
+        let observation = if done { None } else { observation };
+        let action = Action::External { continues: !done };
+        let record = StepRecord {
+            text: text.to_owned(),
+            action: action.clone(),
+            observation: observation.clone(),
+            format_issue: None,
+            tool_status: None,
+            answer_only_turn: false,
+        };
+        episode.push(record, done);
+        StepOutcome {
+            observation,
+            done,
+            action,
+        }
+    }
 }
 
 /// The grade of a trajectory.
