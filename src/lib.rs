@@ -70,6 +70,7 @@ pub mod bench;
 pub mod closed_loop;
 pub mod engine;
 pub mod env;
+mod error_chain;
 pub mod kv;
 pub mod model;
 /// Peer engines (mistral.rs, llama.cpp) running the same workloads, for comparison
@@ -81,3 +82,5 @@ pub mod rollout;
 pub mod serve;
 pub mod train;
 pub mod view;
+
+pub use error_chain::error_chain;

@@ -104,14 +104,5 @@ pub fn train_error(e: TrainError) -> PyErr {
 }
 
 /// The error's message followed by its causes (an engine failure's message alone,
-/// "forward failed", would hide what failed).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut message = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        message.push_str(": ");
-        message.push_str(&c.to_string());
-        cause = c.source();
-    }
-    message
-}
+/// "forward failed", would hide what failed): the library's one rule.
+pub use treegrpo::error_chain;

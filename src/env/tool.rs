@@ -66,7 +66,7 @@ pub async fn run_tool(tool: Arc<dyn Tool>, input: &str, timeout: Duration) -> To
             status: ToolStatus::Ok,
             text,
         },
-        Ok(Ok(Err(err))) => failure(ToolStatus::Failed, with_causes(&err)),
+        Ok(Ok(Err(err))) => failure(ToolStatus::Failed, crate::error_chain(&err)),
         Ok(Err(_join)) => failure(ToolStatus::Panicked, "the tool crashed".into()),
         Err(_elapsed) => {
             // Dropping the JoinHandle would detach the task; abort it so a
@@ -78,19 +78,6 @@ pub async fn run_tool(tool: Arc<dyn Tool>, input: &str, timeout: Duration) -> To
             )
         }
     }
-}
-
-/// The error's message and its causes, `: `-joined (a tool error keeps its cause as
-/// its `source`; the model reads the whole of it).
-fn with_causes(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut cause = err.source();
-    while let Some(c) = cause {
-        text.push_str(": ");
-        text.push_str(&c.to_string());
-        cause = c.source();
-    }
-    text
 }
 
 /// Cuts `text` to at most `max_chars` characters (on a char boundary) so a

@@ -224,16 +224,4 @@ impl IntoResponse for ServeError {
 
 /// The error's message followed by its causes, so a client sees the whole story
 /// (a failed forward says why it failed).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let more = c.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        cause = c.source();
-    }
-    text
-}
+pub use crate::error_chain;
