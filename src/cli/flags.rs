@@ -117,11 +117,6 @@ impl TreeFlags {
         }
         .config()
     }
-
-    /// Checks the flags before anything is loaded (the same rule as [`Self::tree_config`]).
-    pub fn check(&self) -> Result<(), TreeConfigError> {
-        self.tree_config().map(|_| ())
-    }
 }
 
 /// `--kv-mib`: the KV budget in bytes, or a quarter of the available memory.

@@ -154,7 +154,6 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 
 /// The loop's settings from the flags, checked before anything is loaded.
 fn loop_config(a: &TrainArgs) -> anyhow::Result<LoopConfig> {
-    a.tree.check()?;
     a.update.check()?;
     anyhow::ensure!(
         a.prompts_per_step > 0,
