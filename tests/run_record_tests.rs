@@ -95,6 +95,9 @@ fn loop_config() -> LoopConfig {
     let mut tree = TreeConfig::new(TreeShape::tree(2, 2, 1, Selection::Paper), sampling, 0);
     tree.max_step_tokens = 96;
     LoopConfig {
+        step_budget: None,
+        eval_every_tokens: 0,
+        eval_before: true,
         steps: 2,
         prompts_per_step: 8,
         tree,

@@ -141,6 +141,9 @@ fn loop_config(
     let mut tree = TreeConfig::new(shape, sampling, seed);
     tree.max_step_tokens = max_step_tokens;
     LoopConfig {
+        step_budget: None,
+        eval_every_tokens: 0,
+        eval_before: true,
         steps,
         prompts_per_step: prompts,
         tree,
@@ -202,6 +205,9 @@ fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
 
     // A frozen KL reference: the run's start weights, kept in the run folder.
     let config = || LoopConfig {
+        step_budget: None,
+        eval_every_tokens: 0,
+        eval_before: true,
         kl_reference: KlReference::Start,
         ..small_config(3)
     };
@@ -356,6 +362,9 @@ fn warm_start_then_rl(m: &Arc<LoadedModel>, schedule: Schedule, out: &Path) -> R
     let warm = eval(&rt, &engine, &env, test);
 
     let config = LoopConfig {
+        step_budget: None,
+        eval_every_tokens: 0,
+        eval_before: true,
         eval_every: 4,
         ..loop_config(
             steps,

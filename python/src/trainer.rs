@@ -170,6 +170,9 @@ impl Trainer {
             return Err(value_error("eval_every needs test samples"));
         }
         let config = LoopConfig {
+            step_budget: None,
+            eval_every_tokens: 0,
+            eval_before: true,
             steps,
             prompts_per_step,
             tree,

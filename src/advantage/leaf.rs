@@ -135,23 +135,7 @@ pub fn leaf_advantages(forest: &PromptForest, mode: AdvantageMode) -> LeafAdvant
         }
         ranges.push(start..rewards.len());
     }
-    let per_tree = |values: &[f64]| -> Vec<f64> {
-        ranges
-            .iter()
-            .flat_map(|r| group_normalize(&values[r.clone()]))
-            .collect()
-    };
-
-    let advantages = match mode {
-        AdvantageMode::Tree => {
-            let (intra, inter) = (per_tree(&rewards), group_normalize(&rewards));
-            intra.iter().zip(&inter).map(|(a, b)| a + b).collect()
-        }
-        AdvantageMode::Tree2Norm => per_tree(&group_normalize(&rewards)),
-        AdvantageMode::Inter | AdvantageMode::Grpo => group_normalize(&rewards),
-        AdvantageMode::Intra => per_tree(&rewards),
-    };
-
+    let advantages = group_advantages(&rewards, &ranges, mode);
     let leaves = ids
         .into_iter()
         .zip(rewards.iter().zip(advantages))
@@ -163,4 +147,27 @@ pub fn leaf_advantages(forest: &PromptForest, mode: AdvantageMode) -> LeafAdvant
         })
         .collect();
     LeafAdvantages { mode, leaves }
+}
+
+/// The advantages of one prompt's leaves under `mode`, from their rewards alone:
+/// `rewards` holds every leaf of the prompt, tree by tree, and `trees` the range of
+/// each tree's leaves in it. What [`leaf_advantages`] computes for a checked forest,
+/// and what a caller that assembles a prompt's trees from several rollouts (the
+/// closed loop's budgeted steps) computes over the whole group.
+pub fn group_advantages(rewards: &[f64], trees: &[Range<usize>], mode: AdvantageMode) -> Vec<f64> {
+    let per_tree = |values: &[f64]| -> Vec<f64> {
+        trees
+            .iter()
+            .flat_map(|r| group_normalize(&values[r.clone()]))
+            .collect()
+    };
+    match mode {
+        AdvantageMode::Tree => {
+            let (intra, inter) = (per_tree(rewards), group_normalize(rewards));
+            intra.iter().zip(&inter).map(|(a, b)| a + b).collect()
+        }
+        AdvantageMode::Tree2Norm => per_tree(&group_normalize(rewards)),
+        AdvantageMode::Inter | AdvantageMode::Grpo => group_normalize(rewards),
+        AdvantageMode::Intra => per_tree(rewards),
+    }
 }

@@ -28,13 +28,15 @@ mod error;
 mod forest_view;
 mod leaf;
 mod packed;
+mod signal;
 mod stats;
 mod step_values;
 mod token;
 
 pub use error::AdvantageError;
 pub use forest_view::{CheckedTree, NodeIdx, NodeView, PromptForest, TreeView};
-pub use leaf::{leaf_advantages, AdvantageMode, LeafAdvantage, LeafAdvantages};
+pub use leaf::{group_advantages, leaf_advantages, AdvantageMode, LeafAdvantage, LeafAdvantages};
+pub use signal::{AdvantageSignal, RewardGroup};
 pub use packed::{packed_weights, PackedWeights};
 pub use stats::{group_normalize, STD_EPS};
 pub use step_values::{step_values, StepValue, StepValues};

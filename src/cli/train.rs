@@ -162,6 +162,9 @@ fn loop_config(a: &TrainArgs) -> anyhow::Result<LoopConfig> {
     let tree = a.tree.tree_config()?;
     let update = a.update.update_config(tree.sampling.logprob_temperature());
     Ok(LoopConfig {
+        step_budget: None,
+        eval_every_tokens: 0,
+        eval_before: true,
         steps: a.steps,
         prompts_per_step: a.prompts_per_step,
         advantage: a.advantage.unwrap_or(tree.default_advantage()),

@@ -38,4 +38,13 @@ pub struct LoopConfig {
     /// started from (kept frozen in `reference/` of the run folder, so a resumed run
     /// compares with the same weights).
     pub kl_reference: KlReference,
+    /// Computed tokens each step's rollouts spend: trees are added to the step's
+    /// prompts in waves until it is spent (`None`: the configured trees, once).
+    pub step_budget: Option<u64>,
+    /// Also evaluate after each step that crosses a multiple of this many cumulative
+    /// computed tokens (0: off).
+    pub eval_every_tokens: u64,
+    /// Evaluate before the first step (a comparison of runs from one start evaluates
+    /// it once instead).
+    pub eval_before: bool,
 }

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::error::LoopError;
+use crate::advantage::AdvantageSignal;
 
 /// Token figures of a step's rollouts (evaluation not included).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +40,18 @@ pub struct StepLog {
     pub rollouts: usize,
     /// What the step's rollouts cost in tokens.
     pub tokens: StepTokens,
+    /// The ids of the step's prompts, in order (absent on step 0 and in older logs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompt_ids: Vec<String>,
+    /// Trees (chains) grown on each prompt, in prompt order: a budgeted step adds
+    /// trees until its budget is spent (absent on step 0 and in older logs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trees_per_prompt: Vec<usize>,
+    /// The learning signal of the step's rollouts: the shares of prompts and trees
+    /// with mixed rewards and the mean |intra| and |inter| advantages (absent on
+    /// step 0 and in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<AdvantageSignal>,
     /// The update's total loss (see [`UpdateMetrics`](crate::train::UpdateMetrics));
     /// 0 on step 0, as are the other update figures.
     pub loss: f64,
@@ -83,6 +96,9 @@ impl StepLog {
             eval_reward: eval.map(|e| e.0),
             rollouts: 0,
             tokens: StepTokens::default(),
+            prompt_ids: Vec::new(),
+            trees_per_prompt: Vec::new(),
+            signal: None,
             loss: 0.0,
             pg_loss: 0.0,
             nll: 0.0,

@@ -10,6 +10,7 @@
 //! - [`record`]: the run records, `run.json` and the warm-start's, as typed structs.
 //! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
 //!   evaluation, checkpoints with the loop's state, resume, stop signal.
+//! - [`step_rollout`]: a step's rollouts, in waves under a computed-token budget.
 //! - [`eval`]: greedy mean reward on held-out prompts.
 //! - [`samples`]: trajectories as the update's samples.
 //! - [`log`]: `log.jsonl`, one synced line per step, read back on resume.
@@ -24,6 +25,7 @@ pub mod run;
 pub mod samples;
 pub mod sft;
 pub mod start;
+pub mod step_rollout;
 pub mod warm;
 
 pub use config::LoopConfig;

@@ -73,6 +73,10 @@ pub struct RunRecord {
     /// policy, all they knew).
     #[serde(default)]
     pub kl_reference: KlReference,
+    /// Computed tokens each step's rollouts spent ([`LoopConfig::step_budget`]);
+    /// absent for runs without a budget and in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_budget: Option<u64>,
 }
 
 impl RunRecord {
@@ -90,6 +94,7 @@ impl RunRecord {
             lr: optimizer.lr,
             optimizer: *optimizer,
             kl_reference: config.kl_reference,
+            step_budget: config.step_budget,
         }
     }
 

@@ -26,11 +26,12 @@ use super::eval::evaluate;
 use super::log::{LogFile, StepLog, StepTokens};
 use super::record::{RunRecord, RunSource};
 use super::samples::train_sample;
+use super::step_rollout::{step_rollouts, StepRequest, StepRollouts};
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::model::{LoadedModel, Model};
 use crate::rollout::export::TrajectoryRecord;
-use crate::rollout::{run_rollout, Progress, RolloutRequest, RunHooks, RunOptions};
+use crate::rollout::{Progress, RunHooks};
 use crate::train::{
     fill_reference_logprobs, restore_weights, save_checkpoint, update_serving, CheckpointExtras,
     KlReference, Optimizer, Params, TrainSample, UpdateMetrics, UpdateProgress,
@@ -361,9 +362,14 @@ impl TrainRun {
         Ok(Some((e.mean_reward, e.seconds)))
     }
 
-    fn wants_eval(&self, step: u64) -> bool {
+    /// Whether to evaluate after `step`, which took the cumulative computed tokens
+    /// from `before` to `after`.
+    fn wants_eval(&self, step: u64, before: u64, after: u64) -> bool {
         let every = self.config.eval_every;
-        step == self.config.steps || (every > 0 && step.is_multiple_of(every))
+        let tokens = self.config.eval_every_tokens;
+        step == self.config.steps
+            || (every > 0 && step.is_multiple_of(every))
+            || (tokens > 0 && after / tokens > before / tokens)
     }
 
     fn wants_checkpoint(&self, step: u64) -> bool {
@@ -424,8 +430,12 @@ impl TrainRun {
                     },
                 )?;
             }
-            emit(LoopEvent::Evaluating { step: 0 });
-            let eval = self.evaluate().await?;
+            let eval = if self.config.eval_before {
+                emit(LoopEvent::Evaluating { step: 0 });
+                self.evaluate().await?
+            } else {
+                None
+            };
             if stop.is_raised() {
                 return Ok(LoopOutcome::Interrupted { completed: 0 });
             }
@@ -446,30 +456,32 @@ impl TrainRun {
             let t0 = Instant::now();
             let mut tree = self.config.tree.clone();
             tree.seed = step_seed(self.config.tree.seed, step);
-            let request = RolloutRequest {
-                env: self.env.clone(),
-                samples: step_samples(&self.train, step, self.config.prompts_per_step),
-                config: tree,
-                options: RunOptions {
-                    advantage: self.config.advantage,
-                    token_budget: None,
-                    max_concurrent_prompts: self.config.concurrent_prompts,
-                    prompt_offset: 0,
-                },
+            let samples = step_samples(&self.train, step, self.config.prompts_per_step);
+            let prompt_ids: Vec<String> = samples.iter().map(|s| s.id.to_string()).collect();
+            let request = StepRequest {
+                engine: &self.engine,
+                env: &self.env,
+                samples,
+                tree,
+                advantage: self.config.advantage,
+                concurrent_prompts: self.config.concurrent_prompts,
+                budget: self.config.step_budget,
             };
-            let progress_events = events.clone();
-            let stop_rollout = stop.clone();
-            let hooks = RunHooks {
-                output: None,
-                progress: Some(Box::new(move |progress| {
-                    (progress_events.lock().expect("an event callback panicked"))(
-                        LoopEvent::Rollout { step, progress },
-                    )
-                })),
-                interrupt: Some(Box::pin(async move { stop_rollout.raised().await })),
+            let mut hooks = |_wave: usize| {
+                let progress_events = events.clone();
+                let stop_rollout = stop.clone();
+                RunHooks {
+                    output: None,
+                    progress: Some(Box::new(move |progress| {
+                        (progress_events.lock().expect("an event callback panicked"))(
+                            LoopEvent::Rollout { step, progress },
+                        )
+                    })),
+                    interrupt: Some(Box::pin(async move { stop_rollout.raised().await })),
+                }
             };
-            let result = run_rollout(self.engine.clone(), request, hooks).await?;
-            if result.summary.interrupted || stop.is_raised() {
+            let result = step_rollouts(request, &mut hooks).await?;
+            if result.interrupted || stop.is_raised() {
                 return Ok(LoopOutcome::Interrupted {
                     completed: self.state.step,
                 });
@@ -516,22 +528,24 @@ impl TrainRun {
             }
             self.serve(step).await?;
 
-            let eval = if self.wants_eval(step) {
+            let before = self.state.cumulative_computed;
+            let after = before + result.computed;
+            let eval = if self.wants_eval(step, before, after) {
                 emit(LoopEvent::Evaluating { step });
                 self.evaluate().await?
             } else {
                 None
             };
-            let t = &result.summary.tokens;
             self.state = LoopState {
                 step,
-                cumulative_computed: self.state.cumulative_computed + t.computed,
+                cumulative_computed: after,
                 ..self.state
             };
             let line = step_line(
                 step,
                 version,
-                &result.summary,
+                prompt_ids,
+                &result,
                 &metrics,
                 self.state.cumulative_computed,
                 rollout_seconds,
@@ -551,29 +565,33 @@ impl TrainRun {
 }
 
 /// The log line of a finished step.
+#[allow(clippy::too_many_arguments)]
 fn step_line(
     step: u64,
     weight_version: u64,
-    summary: &crate::rollout::RunSummary,
+    prompt_ids: Vec<String>,
+    rollouts: &StepRollouts,
     m: &UpdateMetrics,
     cumulative_computed: u64,
     rollout_seconds: f64,
     eval: Option<(f64, f64)>,
 ) -> StepLog {
-    let t = &summary.tokens;
     StepLog {
         step,
         weight_version,
-        reward_mean: summary.mean_reward,
+        reward_mean: rollouts.mean_reward(),
         eval_reward: eval.map(|e| e.0),
-        rollouts: summary.rollouts,
+        rollouts: rollouts.records.len(),
         tokens: StepTokens {
-            prefilled: t.prompt_prefilled + t.observation_prefilled,
-            decoded: t.decoded,
-            reused: t.reused,
-            computed: t.computed,
+            prefilled: rollouts.prefilled,
+            decoded: rollouts.decoded,
+            reused: rollouts.reused,
+            computed: rollouts.computed,
             cumulative_computed,
         },
+        prompt_ids,
+        trees_per_prompt: rollouts.trees_per_prompt.clone(),
+        signal: Some(rollouts.signal()),
         loss: m.loss,
         pg_loss: m.pg_loss,
         nll: m.nll,

@@ -1,0 +1,270 @@
+//! A training step's rollouts: the step's prompts, grown once — or, under a
+//! computed-token budget, in waves that add trees (chains) to the same prompts until
+//! the budget is spent, so a search that costs less per tree spends its savings on
+//! more rollouts of the same prompts (how Tree-GRPO compares trees with chains).
+//!
+//! Every decision is a function of token counts the waves already computed, which the
+//! run's seeds fix; so a budgeted step is as reproducible as a plain one, and a resumed
+//! run repeats it exactly.
+//!
+//! The planner: wave 1 grows the configured number of trees on every prompt. After
+//! each wave the cost of one tree is estimated as computed tokens / trees grown, and
+//! the budget left buys `round(left / cost)` more trees: all prompts get
+//! `trees / prompts` more each if that is at least one, else the first `trees`
+//! prompts get one more. It stops when the budget buys no whole tree, or after
+//! [`MAX_WAVES`]. The overrun is at most half a tree's cost in expectation.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::error::LoopError;
+use crate::advantage::{group_advantages, AdvantageMode, AdvantageSignal, RewardGroup};
+use crate::engine::{Engine, SeqRng};
+use crate::env::{Environment, QaSample};
+use crate::rollout::export::TrajectoryRecord;
+use crate::rollout::{run_rollout, RolloutRequest, RunHooks, RunOptions, TreeConfig};
+
+/// Most waves a budgeted step runs (the planner converges in two or three).
+pub const MAX_WAVES: usize = 6;
+
+/// What one wave grows: `trees` more trees on each of the first `prompts` prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wave {
+    /// How many of the step's prompts (from the first) the wave grows.
+    pub prompts: usize,
+    /// Trees (chains) it adds to each.
+    pub trees: usize,
+}
+
+/// The wave after waves that computed `computed` tokens growing `trees_grown` trees on
+/// `prompts` prompts, under a step budget of `budget` tokens; `None` once the budget
+/// left buys no whole tree.
+pub fn next_wave(budget: u64, computed: u64, trees_grown: usize, prompts: usize) -> Option<Wave> {
+    if prompts == 0 || trees_grown == 0 || computed >= budget {
+        return None;
+    }
+    let per_tree = computed as f64 / trees_grown as f64;
+    let trees = ((budget - computed) as f64 / per_tree.max(1.0)).round() as usize;
+    match trees {
+        0 => None,
+        t if t >= prompts => Some(Wave {
+            prompts,
+            trees: t / prompts,
+        }),
+        t => Some(Wave {
+            prompts: t,
+            trees: 1,
+        }),
+    }
+}
+
+/// A step's rollouts, all waves together.
+#[derive(Debug)]
+pub struct StepRollouts {
+    /// Every kept leaf, prompt by prompt, tree by tree (tree ids numbered across
+    /// waves), with its advantage over its prompt's whole group.
+    pub records: Vec<TrajectoryRecord>,
+    /// Tokens computed, prefilled (prompt and observation), decoded and reused.
+    pub computed: u64,
+    /// Prompt and observation tokens computed.
+    pub prefilled: u64,
+    /// Tokens sampled.
+    pub decoded: u64,
+    /// Tokens needed but not computed (forks, prefix cache).
+    pub reused: u64,
+    /// Trees grown on each prompt, in prompt order.
+    pub trees_per_prompt: Vec<usize>,
+    /// Waves run (1 without a budget).
+    pub waves: usize,
+    /// The rollouts were stopped by the interrupt: nothing of the step is kept.
+    pub interrupted: bool,
+}
+
+impl StepRollouts {
+    /// Mean reward over the leaves (0 without any).
+    pub fn mean_reward(&self) -> f64 {
+        let n = self.records.len().max(1) as f64;
+        self.records.iter().map(|r| r.trajectory.reward).sum::<f64>() / n
+    }
+
+    /// The learning signal of the leaves, grouped by prompt and tree.
+    pub fn signal(&self) -> AdvantageSignal {
+        let groups = prompt_groups(&self.records);
+        let views: Vec<RewardGroup<'_>> = groups
+            .iter()
+            .map(|(rewards, trees, _)| RewardGroup { rewards, trees })
+            .collect();
+        AdvantageSignal::of_groups(&views)
+    }
+}
+
+/// Each prompt's rewards, the ranges of its trees, and the records' indices, in the
+/// order the records list them (prompt by prompt, tree by tree).
+fn prompt_groups(records: &[TrajectoryRecord]) -> Vec<(Vec<f64>, Vec<Range<usize>>, Vec<usize>)> {
+    let mut groups: Vec<(Vec<f64>, Vec<Range<usize>>, Vec<usize>)> = Vec::new();
+    let mut last: Option<(&str, usize)> = None;
+    for (i, r) in records.iter().enumerate() {
+        let key = (r.prompt_uid.as_str(), r.tree_id);
+        if last.map(|l| l.0) != Some(key.0) {
+            groups.push((Vec::new(), Vec::new(), Vec::new()));
+        }
+        let g = groups.last_mut().expect("a group was pushed");
+        if last != Some(key) {
+            let at = g.0.len();
+            g.1.push(at..at);
+        }
+        g.0.push(r.trajectory.reward);
+        g.1.last_mut().expect("a tree was pushed").end += 1;
+        g.2.push(i);
+        last = Some(key);
+    }
+    groups
+}
+
+/// Sets every record's advantage under `mode` over its prompt's whole group.
+fn readvantage(records: &mut [TrajectoryRecord], mode: AdvantageMode) {
+    for (rewards, trees, indices) in prompt_groups(records) {
+        for (i, a) in indices.into_iter().zip(group_advantages(&rewards, &trees, mode)) {
+            records[i].advantage = a;
+        }
+    }
+}
+
+/// How a step's rollouts run.
+pub struct StepRequest<'a> {
+    /// The engine serving the policy.
+    pub engine: &'a Engine,
+    /// The task.
+    pub env: &'a Arc<dyn Environment>,
+    /// The step's prompts.
+    pub samples: Vec<QaSample>,
+    /// The search (its seed is the step's).
+    pub tree: TreeConfig,
+    /// The advantage mode.
+    pub advantage: AdvantageMode,
+    /// Most prompts grown at once (0: all).
+    pub concurrent_prompts: usize,
+    /// Computed tokens the step's rollouts may spend (`None`: one wave).
+    pub budget: Option<u64>,
+}
+
+/// What each wave is given to report progress and to stop early.
+pub type WaveHooks<'a> = dyn FnMut(usize) -> RunHooks + Send + 'a;
+
+/// Runs the step's rollouts (see the module doc); `hooks(wave)` gives each wave's
+/// progress callback and interrupt.
+pub async fn step_rollouts(
+    req: StepRequest<'_>,
+    hooks: &mut WaveHooks<'_>,
+) -> Result<StepRollouts, LoopError> {
+    let n = req.samples.len();
+    let index: HashMap<String, usize> = req
+        .samples
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.id.to_string(), i))
+        .collect();
+    let mut per_prompt: Vec<Vec<TrajectoryRecord>> = vec![Vec::new(); n];
+    let mut out = StepRollouts {
+        records: Vec::new(),
+        computed: 0,
+        prefilled: 0,
+        decoded: 0,
+        reused: 0,
+        trees_per_prompt: vec![0; n],
+        waves: 0,
+        interrupted: false,
+    };
+    let mut wave = Some(Wave {
+        prompts: n,
+        trees: req.tree.shape.trees,
+    });
+    while let Some(w) = wave {
+        let mut tree = req.tree.clone();
+        tree.shape.trees = w.trees;
+        if out.waves > 0 {
+            // A stream of its own per wave: wave 1 keeps the step's seed.
+            tree.seed = SeqRng::from_parts(&[req.tree.seed, out.waves as u64, 0x77_6176_65])
+                .next_u64();
+        }
+        let request = RolloutRequest {
+            env: req.env.clone(),
+            samples: req.samples[..w.prompts].to_vec(),
+            config: tree,
+            options: RunOptions {
+                advantage: req.advantage,
+                token_budget: None,
+                max_concurrent_prompts: req.concurrent_prompts,
+                prompt_offset: 0,
+            },
+        };
+        let result = run_rollout(req.engine.clone(), request, hooks(out.waves)).await?;
+        out.waves += 1;
+        if result.summary.interrupted {
+            out.interrupted = true;
+            return Ok(out);
+        }
+        let t = &result.summary.tokens;
+        out.computed += t.computed;
+        out.prefilled += t.prompt_prefilled + t.observation_prefilled;
+        out.decoded += t.decoded;
+        out.reused += t.reused;
+        for mut r in result.records {
+            let Some(&p) = index.get(&r.prompt_uid) else {
+                continue;
+            };
+            r.tree_id += out.trees_per_prompt[p];
+            per_prompt[p].push(r);
+        }
+        for count in &mut out.trees_per_prompt[..w.prompts] {
+            *count += w.trees;
+        }
+        let grown: usize = out.trees_per_prompt.iter().sum();
+        wave = match req.budget {
+            Some(budget) if out.waves < MAX_WAVES => next_wave(budget, out.computed, grown, n),
+            _ => None,
+        };
+    }
+    out.records = per_prompt.into_iter().flatten().collect();
+    if out.waves > 1 {
+        readvantage(&mut out.records, req.advantage);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn planner_spends_what_is_left_in_whole_trees() {
+        // 8 prompts × 2 trees cost 16 000: 1 000 a tree; 10 000 left buys 10 trees.
+        assert_eq!(
+            next_wave(26_000, 16_000, 16, 8),
+            Some(Wave {
+                prompts: 8,
+                trees: 1
+            })
+        );
+        // 3 000 left buys 3: the first three prompts get one more.
+        assert_eq!(
+            next_wave(27_000, 24_000, 24, 8),
+            Some(Wave {
+                prompts: 3,
+                trees: 1
+            })
+        );
+        // 24 000 left buys 24: three more each.
+        assert_eq!(
+            next_wave(40_000, 16_000, 16, 8),
+            Some(Wave {
+                prompts: 8,
+                trees: 3
+            })
+        );
+        // Less than half a tree left, or overspent: done.
+        assert_eq!(next_wave(26_400, 26_000, 26, 8), None);
+        assert_eq!(next_wave(20_000, 26_000, 26, 8), None);
+    }
+}
