@@ -68,6 +68,7 @@
 pub mod advantage;
 pub mod bench;
 pub mod closed_loop;
+pub mod compare;
 pub mod engine;
 pub mod env;
 mod error_chain;

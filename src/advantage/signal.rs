@@ -92,8 +92,14 @@ mod tests {
         let b = [1.0, 1.0];
         let b_trees = [0..1, 1..2];
         let s = AdvantageSignal::of_groups(&[
-            RewardGroup { rewards: &a, trees: &a_trees },
-            RewardGroup { rewards: &b, trees: &b_trees },
+            RewardGroup {
+                rewards: &a,
+                trees: &a_trees,
+            },
+            RewardGroup {
+                rewards: &b,
+                trees: &b_trees,
+            },
         ]);
         assert_eq!(s.prompts, 2);
         assert_eq!(s.mixed_prompt_share, 0.5);
@@ -103,14 +109,21 @@ mod tests {
         let intra = s.intra_abs_mean.unwrap();
         assert!((intra - 0.5f64.sqrt() / 2.0).abs() < 1e-5, "{intra}");
         // Prompt A: mean 0.25, std 0.5 → 1.5, 0.5, 0.5, 0.5; B: 0, 0. Mean |.| = 3/6.
-        assert!((s.inter_abs_mean - 0.5).abs() < 1e-5, "{}", s.inter_abs_mean);
+        assert!(
+            (s.inter_abs_mean - 0.5).abs() < 1e-5,
+            "{}",
+            s.inter_abs_mean
+        );
     }
 
     #[test]
     fn chains_have_no_intra_signal() {
         let r = [1.0, 0.0, 1.0];
         let t = [0..1, 1..2, 2..3];
-        let s = AdvantageSignal::of_groups(&[RewardGroup { rewards: &r, trees: &t }]);
+        let s = AdvantageSignal::of_groups(&[RewardGroup {
+            rewards: &r,
+            trees: &t,
+        }]);
         assert_eq!(s.branched_trees, 0);
         assert_eq!(s.mixed_tree_share, None);
         assert_eq!(s.intra_abs_mean, None);

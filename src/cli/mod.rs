@@ -1,6 +1,7 @@
 //! Command-line front end: flags in, tables and text out, no logic of its own.
 
 mod bench;
+mod compare;
 mod data;
 mod flags;
 mod generate;
@@ -47,6 +48,9 @@ enum Command {
     Sft(sft::SftArgs),
     /// The closed loop: rollouts, advantages, an update and a weight swap per step.
     Train(train::TrainArgs),
+    /// Learning per computed token: tree vs chain and the ablations, at an equal
+    /// token budget per step, seeds, eval curves, summary and report (resumable).
+    Compare(compare::CompareArgs),
     /// Reward curves of training runs against tokens computed, as SVG.
     Plot(plot::PlotArgs),
     /// HTTP server for trainers: OpenAI-compatible, SGLang-style /generate, fork
@@ -66,6 +70,7 @@ pub fn run() -> anyhow::Result<()> {
         Command::Update(a) => update::run(a),
         Command::Sft(a) => sft::run(a),
         Command::Train(a) => train::run(a),
+        Command::Compare(a) => compare::run(a),
         Command::Plot(a) => plot::run(a),
         Command::Serve(a) => serve::run(a),
     }

@@ -276,7 +276,8 @@ fn prepare(
 fn drive(rt: &tokio::runtime::Runtime, mut run: TrainRun) -> anyhow::Result<LoopOutcome> {
     let stop = Arc::new(StopSignal::default());
     let signal = stop.clone();
-    let view = Arc::new(Mutex::new(TrainView::new(&run.config, run.state.step)));
+    let (steps, prompts) = (run.config.steps, run.config.prompts_per_step as u64);
+    let view = Arc::new(Mutex::new(TrainView::new(steps, prompts, run.state.step)));
     let shown = view.clone();
     let bar = lock(&view).steps.clone();
     let (first, second) = (
@@ -322,7 +323,7 @@ fn finish(out: &Path, outcome: LoopOutcome) -> anyhow::Result<()> {
 /// evaluation); each finished step's line on stdout. A phase's bar starts when the
 /// one before it ends (the loop reports only what is done), so its rate and ETA
 /// count its whole time.
-struct TrainView {
+pub(crate) struct TrainView {
     steps: Progress,
     phase: Progress,
     /// The step and phase the phase bar shows.
@@ -338,18 +339,22 @@ enum Phase {
 }
 
 impl TrainView {
-    /// Made just before the loop runs: `done` of the run's steps were before this
-    /// process (a resumed run), and the next one's rollout starts now.
-    fn new(config: &LoopConfig, done: u64) -> Self {
-        let bar = Progress::new("train", "steps", config.steps);
+    /// Made just before the loop runs: `done` of the run's `steps` were before this
+    /// process (a resumed run), and the next one's rollout of `prompts` starts now.
+    pub(crate) fn new(steps: u64, prompts: u64, done: u64) -> Self {
+        Self::named("train", steps, prompts, done)
+    }
+
+    /// The same with its bar named `prefix`.
+    pub(crate) fn named(prefix: &str, steps: u64, prompts: u64, done: u64) -> Self {
+        let bar = Progress::new(prefix, "steps", steps);
         bar.start_at(done);
-        let prompts = config.prompts_per_step as u64;
         let phase = bar.below(&format!("step {} rollout", done + 1), "prompts", prompts);
         TrainView {
             steps: bar,
             phase,
             showing: Some((done + 1, Phase::Rollout)),
-            last_step: config.steps,
+            last_step: steps,
             prompts_per_step: prompts,
         }
     }
@@ -372,7 +377,7 @@ impl TrainView {
         }
     }
 
-    fn show(&mut self, e: LoopEvent<'_>) {
+    pub(crate) fn show(&mut self, e: LoopEvent<'_>) {
         match e {
             LoopEvent::Rollout { step, progress: p } => {
                 self.start(step, Phase::Rollout);
@@ -406,7 +411,7 @@ impl TrainView {
         }
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         self.phase.clear();
         self.steps.finish();
     }

@@ -85,7 +85,11 @@ impl StepRollouts {
     /// Mean reward over the leaves (0 without any).
     pub fn mean_reward(&self) -> f64 {
         let n = self.records.len().max(1) as f64;
-        self.records.iter().map(|r| r.trajectory.reward).sum::<f64>() / n
+        self.records
+            .iter()
+            .map(|r| r.trajectory.reward)
+            .sum::<f64>()
+            / n
     }
 
     /// The learning signal of the leaves, grouped by prompt and tree.
@@ -125,7 +129,10 @@ fn prompt_groups(records: &[TrajectoryRecord]) -> Vec<(Vec<f64>, Vec<Range<usize
 /// Sets every record's advantage under `mode` over its prompt's whole group.
 fn readvantage(records: &mut [TrajectoryRecord], mode: AdvantageMode) {
     for (rewards, trees, indices) in prompt_groups(records) {
-        for (i, a) in indices.into_iter().zip(group_advantages(&rewards, &trees, mode)) {
+        for (i, a) in indices
+            .into_iter()
+            .zip(group_advantages(&rewards, &trees, mode))
+        {
             records[i].advantage = a;
         }
     }
@@ -185,8 +192,8 @@ pub async fn step_rollouts(
         tree.shape.trees = w.trees;
         if out.waves > 0 {
             // A stream of its own per wave: wave 1 keeps the step's seed.
-            tree.seed = SeqRng::from_parts(&[req.tree.seed, out.waves as u64, 0x77_6176_65])
-                .next_u64();
+            tree.seed =
+                SeqRng::from_parts(&[req.tree.seed, out.waves as u64, 0x77_6176_65]).next_u64();
         }
         let request = RolloutRequest {
             env: req.env.clone(),

@@ -48,6 +48,22 @@ impl std::str::FromStr for Task {
     }
 }
 
+impl Task {
+    /// The task's name, as `FromStr` reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::SearchQa => "search-qa",
+            Task::Calc => "calc",
+        }
+    }
+}
+
+impl std::fmt::Display for Task {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl TryFrom<String> for Task {
     type Error = UnknownTask;
     fn try_from(s: String) -> Result<Self, UnknownTask> {

@@ -87,3 +87,74 @@ fn draw_legend<DB: DrawingBackend<ErrorType = std::io::Error>>(
     }
     Ok(())
 }
+
+/// One arm of a comparison: its mean curve over seeds and the band from the lowest to
+/// the highest seed. Points are (cumulative computed tokens, reward).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Band {
+    /// The arm's name in the legend.
+    pub label: String,
+    /// Mean over seeds.
+    pub mean: Vec<(f64, f64)>,
+    /// Lowest seed at each point.
+    pub low: Vec<(f64, f64)>,
+    /// Highest seed at each point.
+    pub high: Vec<(f64, f64)>,
+}
+
+/// The chart of a comparison (`treegrpo compare`'s `eval.svg`): each band's mean as a
+/// line with dots, its min–max spread shaded, a legend on the right.
+pub fn bands_svg(
+    title: &str,
+    bands: &[Band],
+    width: u32,
+    height: u32,
+) -> Result<String, PlotError> {
+    let all = bands.iter().flat_map(|b| b.mean.iter().chain(&b.high));
+    let x_max = all.clone().map(|p| p.0).fold(0.0f64, f64::max).max(1.0);
+    let y_max = all.map(|p| p.1).fold(0.0f64, f64::max).max(0.05) * 1.1;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let (plot_area, legend_area) = root.split_horizontally(width.saturating_sub(LEGEND_W));
+        let mut chart = ChartBuilder::on(&plot_area)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(52)
+            .build_cartesian_2d(0.0..x_max * 1.02, 0.0..y_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("cumulative tokens computed (rollouts)")
+            .y_desc("eval reward (mean over seeds)")
+            .x_label_formatter(&|x| format!("{:.0}k", x / 1000.0))
+            .draw()?;
+        for (i, b) in bands.iter().enumerate() {
+            let c = colour(i);
+            // The band: the high edge forward, the low edge back.
+            let outline: Vec<(f64, f64)> = b
+                .high
+                .iter()
+                .copied()
+                .chain(b.low.iter().rev().copied())
+                .collect();
+            if b.high != b.low {
+                chart.draw_series(std::iter::once(Polygon::new(outline, c.mix(0.15).filled())))?;
+            }
+            chart.draw_series(LineSeries::new(b.mean.iter().copied(), c.stroke_width(2)))?;
+            chart.draw_series(b.mean.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
+        }
+        let text = ("sans-serif", 13).into_font();
+        legend_area.draw(&Text::new("line: mean over seeds", (8, 44), text.clone()))?;
+        legend_area.draw(&Text::new("shade: min–max of seeds", (8, 62), text.clone()))?;
+        for (i, b) in bands.iter().enumerate() {
+            let c = colour(i);
+            let y = 92 + 22 * i as i32;
+            legend_area.draw(&PathElement::new(vec![(8, y), (30, y)], c.stroke_width(2)))?;
+            legend_area.draw(&Text::new(b.label.clone(), (38, y - 7), text.clone()))?;
+        }
+        root.present()?;
+    }
+    Ok(svg)
+}

@@ -1,0 +1,162 @@
+//! An arm of the comparison: how its rollouts are shaped and how their advantages are
+//! computed — Tree-GRPO's ablation table as names.
+//!
+//! - `tree`: (2, 2, 1) trees, intra- plus inter-tree advantages (the paper's method).
+//! - `tree-inter`, `tree-intra`, `tree-2norm`: the same trees, one advantage ablated.
+//! - `tree-M-N-L` (and `tree-inter-M-N-L`, …): another shape, e.g. `tree-2-4-1` or
+//!   two rounds, `tree-2-2-2`.
+//! - `chain`, `chain-G`: GRPO over independent chains (4 by default), the baseline.
+//!
+//! The shape is what one wave grows; under the step budget every arm grows more trees
+//! (chains) on the same prompts until the budget is spent.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::ArmError;
+use crate::advantage::AdvantageMode;
+use crate::rollout::{Selection, TreeShape};
+
+/// The default tree shape (M, N, L).
+const TREE: (usize, usize, usize) = (2, 2, 1);
+/// Chains per prompt in the chain arm's first wave.
+const CHAINS: usize = 4;
+
+/// One arm (see the module doc); it reads and prints as its name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Arm {
+    name: String,
+    /// The shape of the first wave.
+    pub shape: TreeShape,
+    /// The advantage mode.
+    pub advantage: AdvantageMode,
+}
+
+impl Arm {
+    /// The arm's name: its key in `summary.json` and its folder under `runs/`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+fn numbers(name: &str, parts: &[&str]) -> Result<Vec<usize>, ArmError> {
+    parts
+        .iter()
+        .map(|p| match p.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(ArmError::Shape(name.to_string())),
+        })
+        .collect()
+}
+
+impl FromStr for Arm {
+    type Err = ArmError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let parts: Vec<&str> = s.split('-').collect();
+        let (shape, advantage) = match parts.as_slice() {
+            ["chain", rest @ ..] => {
+                let g = match numbers(s, rest)?.as_slice() {
+                    [] => CHAINS,
+                    [g] => *g,
+                    _ => return Err(ArmError::Shape(s.to_string())),
+                };
+                (TreeShape::chains(g), AdvantageMode::Grpo)
+            }
+            ["tree", rest @ ..] => {
+                let (advantage, dims) = match rest.first().map(|m| m.parse::<AdvantageMode>()) {
+                    Some(Ok(m)) if m != AdvantageMode::Grpo => (m, &rest[1..]),
+                    _ => (AdvantageMode::Tree, rest),
+                };
+                let (m, n, l) = match numbers(s, dims)?.as_slice() {
+                    [] => TREE,
+                    [m, n, l] => (*m, *n, *l),
+                    _ => return Err(ArmError::Shape(s.to_string())),
+                };
+                (TreeShape::tree(m, n, l, Selection::Paper), advantage)
+            }
+            _ => return Err(ArmError::Unknown(s.to_string())),
+        };
+        Ok(Arm {
+            name: s.to_string(),
+            shape,
+            advantage,
+        })
+    }
+}
+
+impl TryFrom<String> for Arm {
+    type Error = ArmError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl From<Arm> for String {
+    fn from(a: Arm) -> String {
+        a.name
+    }
+}
+
+impl fmt::Display for Arm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// Arms from a comma-separated list, each once.
+pub fn parse_arms(list: &str) -> Result<Vec<Arm>, ArmError> {
+    let mut arms: Vec<Arm> = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let arm: Arm = name.parse()?;
+        if arms.iter().any(|a| a.name == arm.name) {
+            return Err(ArmError::Twice(arm.name));
+        }
+        arms.push(arm);
+    }
+    Ok(arms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_read_as_the_ablation_table() {
+        let a: Arm = "tree".parse().unwrap();
+        assert_eq!(
+            (a.shape, a.advantage),
+            (
+                TreeShape::tree(2, 2, 1, Selection::Paper),
+                AdvantageMode::Tree
+            )
+        );
+        let a: Arm = "tree-intra".parse().unwrap();
+        assert_eq!(a.advantage, AdvantageMode::Intra);
+        let a: Arm = "tree-inter-2-4-1".parse().unwrap();
+        assert_eq!((a.shape.expand, a.advantage), (4, AdvantageMode::Inter));
+        let a: Arm = "tree-2-2-2".parse().unwrap();
+        assert_eq!(a.shape.rounds, 2);
+        let a: Arm = "chain".parse().unwrap();
+        assert_eq!(
+            (a.shape.trees, a.shape.is_chains(), a.advantage),
+            (4, true, AdvantageMode::Grpo)
+        );
+        assert_eq!("chain-6".parse::<Arm>().unwrap().shape.trees, 6);
+        assert!(matches!("bush".parse::<Arm>(), Err(ArmError::Unknown(_))));
+        assert!(matches!(
+            "tree-2-0-1".parse::<Arm>(),
+            Err(ArmError::Shape(_))
+        ));
+        assert!(matches!("tree-2-2".parse::<Arm>(), Err(ArmError::Shape(_))));
+        assert!(matches!(
+            "tree-grpo".parse::<Arm>(),
+            Err(ArmError::Shape(_))
+        ));
+        assert_eq!(parse_arms("tree, chain").unwrap().len(), 2);
+        assert!(matches!(parse_arms("tree,tree"), Err(ArmError::Twice(_))));
+    }
+}

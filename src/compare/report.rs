@@ -1,0 +1,99 @@
+//! `report.md`: the comparison for a reader — the regime it ran in, the table of
+//! final eval rewards (mean ± std over seeds) with what each arm spent, and per step
+//! the learning signal that separates the arms: rollouts per step, the share of
+//! prompts and of trees whose rewards are mixed, and the mean |intra| and |inter|
+//! advantage. The interpretation is left to the reader (and the issue's notes):
+//! numbers only.
+
+use std::fmt::Write;
+
+use super::plan::ComparePlan;
+use super::summary::Summary;
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".to_string(), |v| format!("{v:.3}"))
+}
+
+/// The report's Markdown.
+pub fn report(plan: &ComparePlan, s: &Summary) -> String {
+    let mut r = String::new();
+    let _ = writeln!(r, "# Learning comparison: {}\n", s.task);
+    let _ = writeln!(
+        r,
+        "Every arm starts from the same weights (a warm-start on {} demonstrations, \
+         eval {:.3}) and spends {} computed tokens per step on the same {} prompts per \
+         step, for {} steps; evaluation is greedy on {} test questions. Sampling \
+         temperature {}, {} tool turns, {} tokens per step, learning rate {}. The \
+         arms' mean computed tokens differ by {:.1}%.\n",
+        plan.warm_start,
+        s.start_eval,
+        s.step_budget,
+        plan.prompts_per_step,
+        s.steps,
+        s.eval_questions,
+        plan.temperature,
+        plan.turns,
+        plan.max_step_tokens,
+        plan.optimizer.lr,
+        100.0 * s.budget_spread
+    );
+    let _ = writeln!(r, "![eval reward against computed tokens](eval.svg)\n");
+    let _ = writeln!(
+        r,
+        "| arm | seeds | final eval (mean ± std) | per seed | computed tokens (mean) | rollouts / step |"
+    );
+    let _ = writeln!(r, "|---|---|---|---|---|---|");
+    for arm in &plan.arms {
+        let Some(a) = s.arms.get(arm.name()) else {
+            continue;
+        };
+        let per_seed: Vec<String> = a.final_eval.iter().map(|v| format!("{v:.2}")).collect();
+        let tokens =
+            a.computed_tokens.iter().sum::<u64>() as f64 / a.computed_tokens.len().max(1) as f64;
+        let rollouts =
+            a.steps.iter().map(|st| st.rollouts).sum::<f64>() / a.steps.len().max(1) as f64;
+        let _ = writeln!(
+            r,
+            "| {} | {} | {:.3} ± {:.3} | {} | {:.0} | {:.1} |",
+            arm.name(),
+            a.seeds.len(),
+            a.final_eval_mean,
+            a.final_eval_std,
+            per_seed.join(", "),
+            tokens,
+            rollouts
+        );
+    }
+    let _ = writeln!(r, "\n## Learning signal per step (mean over seeds)\n");
+    let _ = writeln!(
+        r,
+        "Mixed: the share of prompts (trees) whose leaves' rewards are not all equal — \
+         only those give non-zero inter-tree (intra-tree) advantages.\n"
+    );
+    let _ = writeln!(
+        r,
+        "| arm | step | reward | rollouts | trees/prompt | mixed prompts | mixed trees | mean abs intra | mean abs inter |"
+    );
+    let _ = writeln!(r, "|---|---|---|---|---|---|---|---|---|");
+    for arm in &plan.arms {
+        let Some(a) = s.arms.get(arm.name()) else {
+            continue;
+        };
+        for st in &a.steps {
+            let _ = writeln!(
+                r,
+                "| {} | {} | {:.3} | {:.1} | {:.2} | {:.2} | {} | {} | {:.3} |",
+                arm.name(),
+                st.step,
+                st.reward,
+                st.rollouts,
+                st.trees_per_prompt,
+                st.mixed_prompt_share,
+                opt(st.mixed_tree_share),
+                opt(st.intra_abs_mean),
+                st.inter_abs_mean
+            );
+        }
+    }
+    r
+}

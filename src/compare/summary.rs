@@ -1,0 +1,256 @@
+//! `summary.json`: what the comparison found, read back from the runs' logs — per arm
+//! the seeds, each seed's final eval reward and computed tokens, the eval curve
+//! (mean over seeds, with its min and max), and per step the learning signal (shares
+//! of prompts and trees with mixed rewards, mean |intra| and |inter| advantage) and
+//! rollouts. Built from files alone, so a resumed comparison gives the same summary.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::error::CompareError;
+use super::plan::{run_dir, ComparePlan};
+use super::run::StartRecord;
+use crate::closed_loop::{read_log, StepLog};
+use crate::view::plot::{bands_svg, Band};
+
+/// The summary's file.
+pub const SUMMARY_FILE: &str = "summary.json";
+/// The plot's file.
+pub const PLOT_FILE: &str = "eval.svg";
+/// The report's file.
+pub const REPORT_FILE: &str = "report.md";
+
+/// Per-step figures of an arm, averaged over its seeds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepSignal {
+    /// The step (1-based).
+    pub step: u64,
+    /// Mean rollout reward.
+    pub reward: f64,
+    /// Trajectories trained on.
+    pub rollouts: f64,
+    /// Tokens computed by the step's rollouts.
+    pub computed: f64,
+    /// Mean trees (chains) grown per prompt.
+    pub trees_per_prompt: f64,
+    /// Share of prompts whose leaves' rewards differ.
+    pub mixed_prompt_share: f64,
+    /// Share of branched trees whose leaves' rewards differ (`None` for chains).
+    pub mixed_tree_share: Option<f64>,
+    /// Mean |intra-tree advantage| (`None` for chains).
+    pub intra_abs_mean: Option<f64>,
+    /// Mean |inter-tree advantage|.
+    pub inter_abs_mean: f64,
+}
+
+/// One arm's results.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArmSummary {
+    /// Its seeds (the rollout seed of each run).
+    pub seeds: Vec<u64>,
+    /// Each seed's last eval reward.
+    pub final_eval: Vec<f64>,
+    /// Each seed's cumulative computed tokens at its end.
+    pub computed_tokens: Vec<u64>,
+    /// `[tokens, eval]`: the mean over seeds at each evaluation, the shared start
+    /// first.
+    pub curve: Vec<[f64; 2]>,
+    /// `[tokens, min, max]` over seeds at each evaluation: the spread.
+    pub spread: Vec<[f64; 3]>,
+    /// Mean and (population) standard deviation of `final_eval`.
+    pub final_eval_mean: f64,
+    /// See `final_eval_mean`.
+    pub final_eval_std: f64,
+    /// Per step, averaged over seeds.
+    pub steps: Vec<StepSignal>,
+}
+
+/// The whole `summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The task's name.
+    pub task: String,
+    /// Test questions each evaluation ran.
+    pub eval_questions: usize,
+    /// Training steps of every run.
+    pub steps: u64,
+    /// Computed tokens each step's rollouts spent, for every arm.
+    pub step_budget: u64,
+    /// The shared start's eval reward (every curve's first point).
+    pub start_eval: f64,
+    /// Every arm by name, in the plan's order of names.
+    pub arms: BTreeMap<String, ArmSummary>,
+    /// Largest arm mean of computed tokens over the smallest, less one: how far the
+    /// budgets differ (the comparison asks for under 0.05).
+    pub budget_spread: f64,
+}
+
+fn mean(values: impl IntoIterator<Item = f64>) -> f64 {
+    let (sum, n) = values
+        .into_iter()
+        .fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    sum / n.max(1) as f64
+}
+
+fn mean_some(values: impl IntoIterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Vec<f64> = values.into_iter().flatten().collect();
+    (!v.is_empty()).then(|| mean(v))
+}
+
+/// The eval points of a run: its start, then each evaluated step.
+fn eval_points(start: f64, log: &[StepLog]) -> Vec<(f64, f64)> {
+    std::iter::once((0.0, start))
+        .chain(log.iter().filter(|l| l.step > 0).filter_map(|l| {
+            l.eval_reward
+                .map(|e| (l.tokens.cumulative_computed as f64, e))
+        }))
+        .collect()
+}
+
+fn arm_summary(seeds: Vec<u64>, logs: &[Vec<StepLog>], start: f64) -> ArmSummary {
+    let points: Vec<Vec<(f64, f64)>> = logs.iter().map(|l| eval_points(start, l)).collect();
+    let n_points = points.iter().map(Vec::len).min().unwrap_or(0);
+    let (mut curve, mut spread) = (Vec::new(), Vec::new());
+    for i in 0..n_points {
+        let x = mean(points.iter().map(|p| p[i].0));
+        let ys: Vec<f64> = points.iter().map(|p| p[i].1).collect();
+        let lo = ys.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = ys.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        curve.push([x, mean(ys.iter().copied())]);
+        spread.push([x, lo, hi]);
+    }
+    let final_eval: Vec<f64> = points
+        .iter()
+        .map(|p| p.last().map_or(start, |l| l.1))
+        .collect();
+    let m = mean(final_eval.iter().copied());
+    let std = mean(final_eval.iter().map(|v| (v - m) * (v - m))).sqrt();
+    let steps_n = logs
+        .iter()
+        .map(|l| l.iter().filter(|s| s.step > 0).count())
+        .min()
+        .unwrap_or(0);
+    let steps = (1..=steps_n as u64)
+        .map(|step| {
+            let lines: Vec<&StepLog> = logs
+                .iter()
+                .filter_map(|l| l.iter().find(|s| s.step == step))
+                .collect();
+            let signal =
+                |f: &dyn Fn(&StepLog) -> Option<f64>| mean_some(lines.iter().map(|l| f(l)));
+            StepSignal {
+                step,
+                reward: mean(lines.iter().map(|l| l.reward_mean)),
+                rollouts: mean(lines.iter().map(|l| l.rollouts as f64)),
+                computed: mean(lines.iter().map(|l| l.tokens.computed as f64)),
+                trees_per_prompt: mean(
+                    lines
+                        .iter()
+                        .map(|l| mean(l.trees_per_prompt.iter().map(|&t| t as f64))),
+                ),
+                mixed_prompt_share: signal(&|l| l.signal.map(|s| s.mixed_prompt_share))
+                    .unwrap_or(0.0),
+                mixed_tree_share: signal(&|l| l.signal.and_then(|s| s.mixed_tree_share)),
+                intra_abs_mean: signal(&|l| l.signal.and_then(|s| s.intra_abs_mean)),
+                inter_abs_mean: signal(&|l| l.signal.map(|s| s.inter_abs_mean)).unwrap_or(0.0),
+            }
+        })
+        .collect();
+    ArmSummary {
+        seeds,
+        final_eval,
+        computed_tokens: logs
+            .iter()
+            .map(|l| l.last().map_or(0, |s| s.tokens.cumulative_computed))
+            .collect(),
+        curve,
+        spread,
+        final_eval_mean: m,
+        final_eval_std: std,
+        steps,
+    }
+}
+
+impl Summary {
+    /// The summary of the finished runs of `plan` in `out`.
+    pub fn collect(
+        plan: &ComparePlan,
+        out: &Path,
+        start: &StartRecord,
+    ) -> Result<Self, CompareError> {
+        let start_eval = start.eval_reward.unwrap_or(0.0);
+        let mut arms = BTreeMap::new();
+        for arm in &plan.arms {
+            let n = plan.seeds_of(arm);
+            let mut logs = Vec::with_capacity(n);
+            for k in 0..n {
+                logs.push(read_log(&run_dir(out, arm, k).join("log.jsonl"))?);
+            }
+            let seeds = (0..n).map(|k| plan.seed + k as u64).collect();
+            arms.insert(
+                arm.name().to_string(),
+                arm_summary(seeds, &logs, start_eval),
+            );
+        }
+        let totals: Vec<f64> = arms
+            .values()
+            .map(|a| mean(a.computed_tokens.iter().map(|&t| t as f64)))
+            .collect();
+        let lo = totals.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = totals.iter().copied().fold(0.0, f64::max);
+        Ok(Summary {
+            task: plan.task.to_string(),
+            eval_questions: plan.eval_prompts,
+            steps: plan.steps,
+            step_budget: plan.step_budget,
+            start_eval,
+            arms,
+            budget_spread: if lo > 0.0 { hi / lo - 1.0 } else { 0.0 },
+        })
+    }
+
+    /// Reads `summary.json` from `out`.
+    pub fn read(out: &Path) -> Result<Self, CompareError> {
+        let path = out.join(SUMMARY_FILE);
+        let text = std::fs::read_to_string(&path).map_err(|e| CompareError::Io(path.clone(), e))?;
+        serde_json::from_str(&text).map_err(|e| CompareError::Json(path, e))
+    }
+
+    /// Writes `summary.json`, `eval.svg` and `report.md` into `out`.
+    pub fn write_all(&self, plan: &ComparePlan, out: &Path) -> Result<(), CompareError> {
+        let write = |name: &str, text: String| {
+            let path = out.join(name);
+            std::fs::write(&path, text).map_err(|e| CompareError::Io(path, e))
+        };
+        write(
+            SUMMARY_FILE,
+            serde_json::to_string_pretty(self).expect("a summary serialises") + "\n",
+        )?;
+        let bands: Vec<Band> = plan
+            .arms
+            .iter()
+            .filter_map(|arm| {
+                let a = self.arms.get(arm.name())?;
+                Some(Band {
+                    label: format!(
+                        "{} ({} seed{})",
+                        arm.name(),
+                        a.seeds.len(),
+                        if a.seeds.len() == 1 { "" } else { "s" }
+                    ),
+                    mean: a.curve.iter().map(|p| (p[0], p[1])).collect(),
+                    low: a.spread.iter().map(|p| (p[0], p[1])).collect(),
+                    high: a.spread.iter().map(|p| (p[0], p[2])).collect(),
+                })
+            })
+            .collect();
+        let title = format!(
+            "{}: greedy eval reward ({} questions)",
+            self.task, self.eval_questions
+        );
+        write(PLOT_FILE, bands_svg(&title, &bands, 900, 560)?)?;
+        write(REPORT_FILE, super::report::report(plan, self))
+    }
+}
