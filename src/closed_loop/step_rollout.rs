@@ -183,6 +183,12 @@ pub async fn step_rollouts(
         waves: 0,
         interrupted: false,
     };
+    if req.budget.is_some() {
+        // What a budgeted step computes decides its waves: it starts from an empty
+        // prefix cache, so that does not depend on what ran before it (an evaluation
+        // whose prompts share the system prompt, or none after a resume).
+        req.engine.clear_prefix_cache().await?;
+    }
     let mut wave = Some(Wave {
         prompts: n,
         trees: req.tree.shape.trees,

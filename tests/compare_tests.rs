@@ -1,0 +1,257 @@
+//! `treegrpo compare` as a user runs it, at a tiny scale: the calc task, two arms
+//! (a (1,2,1) tree arm and a chain arm), one seed, two steps of two prompts, on a tiny
+//! model the test writes (HF layout, 2 layers of width 64) — what is checked is the
+//! comparison's bookkeeping, which does not depend on the model's size:
+//!
+//! - `summary.json` has the shape, and `eval.svg` and `report.md` are written;
+//! - every step of every run spent the step budget: the waves added trees (chains)
+//!   until it was spent, so the arms computed the same tokens up to what a tree costs;
+//! - every run started from the shared warm-start's weights, bit for bit (the hash each
+//!   run recorded equals the hash of the warm-start checkpoint loaded here, which
+//!   differs from the untrained model's), and the tree and chain arms saw the same
+//!   prompts in the same order at every step (the training split after the
+//!   warm-start's questions);
+//! - a comparison interrupted by SIGINT in the middle of its first run, then rerun
+//!   with the same command, writes the same summary and the same logs as one that was
+//!   never interrupted; a rerun with other settings is refused.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use candle_core::DType;
+use serde_json::Value;
+use treegrpo::closed_loop::{read_log, StepLog};
+use treegrpo::compare::{weights_hash, StartRecord};
+use treegrpo::env::{Split, Task, TaskData};
+use treegrpo::model::LoadedModel;
+use treegrpo::train::Params;
+
+const STEPS: usize = 2;
+const PROMPTS: usize = 2;
+const WARM_START: usize = 2;
+const BUDGET: u64 = 6000;
+const ARMS: [&str; 2] = ["tree-1-2-1", "chain-2"];
+
+fn treegrpo() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_treegrpo"))
+}
+
+fn compare_args(out: &Path, model: &Path, seed: &str) -> Vec<String> {
+    let (steps, prompts, warm, budget) = (
+        STEPS.to_string(),
+        PROMPTS.to_string(),
+        WARM_START.to_string(),
+        BUDGET.to_string(),
+    );
+    [
+        "compare",
+        "--task",
+        "calc",
+        "--arms",
+        &ARMS.join(","),
+        "--seeds",
+        "1",
+        "--steps",
+        &steps,
+        "--prompts-per-step",
+        &prompts,
+        "--token-budget",
+        &budget,
+        "--eval-every-tokens",
+        &budget,
+        "--eval-prompts",
+        "2",
+        "--warm-start",
+        &warm,
+        "--max-step-tokens",
+        "16",
+        "--turns",
+        "1",
+        "--lr",
+        "1e-3",
+        "--seed",
+        seed,
+        "--out",
+        &out.display().to_string(),
+        "--model",
+        &model.display().to_string(),
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn run_ok(cmd: &mut Command) {
+    let output = cmd.stdout(Stdio::null()).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn run_dir(out: &Path, arm: &str) -> PathBuf {
+    out.join("runs").join(arm).join("seed-0")
+}
+
+fn timeless(out: &Path, arm: &str) -> Vec<StepLog> {
+    read_log(&run_dir(out, arm).join("log.jsonl"))
+        .unwrap()
+        .iter()
+        .map(StepLog::without_timings)
+        .collect()
+}
+
+fn summary(out: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    common::tiny::write_long_context(&model, 5);
+
+    // The whole comparison, never interrupted.
+    let whole = dir.path().join("whole");
+    run_ok(treegrpo().args(compare_args(&whole, &model, "3")));
+    let s = summary(&whole);
+    // Shown with --nocapture: what the tiny comparison measured.
+    eprintln!(
+        "{}",
+        std::fs::read_to_string(whole.join("report.md")).unwrap()
+    );
+    assert_eq!(s["task"], "calc");
+    assert_eq!(s["eval_questions"], 2);
+    for arm in ARMS {
+        let a = &s["arms"][arm];
+        assert_eq!(a["seeds"], serde_json::json!([3]), "{arm}");
+        assert_eq!(a["final_eval"].as_array().unwrap().len(), 1, "{arm}");
+        assert_eq!(a["computed_tokens"].as_array().unwrap().len(), 1, "{arm}");
+        let curve = a["curve"].as_array().unwrap();
+        assert!(curve.len() >= 2, "{arm}: start and at least the last eval");
+        assert_eq!(
+            curve[0][0], 0.0,
+            "{arm}: the curve starts at the shared start"
+        );
+        assert_eq!(curve[0][1], s["start_eval"], "{arm}");
+        for point in curve {
+            assert_eq!(point.as_array().unwrap().len(), 2, "{arm}: [tokens, eval]");
+        }
+    }
+    for file in ["eval.svg", "report.md", "compare.json"] {
+        assert!(whole.join(file).exists(), "{file}");
+    }
+
+    // Equal budgets: every step spent the budget, to within what one tree (chain)
+    // costs, and the waves grew more than the first wave's trees to do so.
+    let logs: Vec<Vec<StepLog>> = ARMS.iter().map(|arm| timeless(&whole, arm)).collect();
+    for (arm, log) in ARMS.iter().zip(&logs) {
+        assert_eq!(log.len(), STEPS + 1, "{arm}");
+        for line in log.iter().filter(|l| l.step > 0) {
+            let trees: usize = line.trees_per_prompt.iter().sum();
+            let per_tree = line.tokens.computed as f64 / trees as f64;
+            let off = (line.tokens.computed as f64 - BUDGET as f64).abs();
+            assert!(
+                off <= per_tree,
+                "{arm} step {}: {} tokens for a budget of {BUDGET} ({per_tree:.0} a tree)",
+                line.step,
+                line.tokens.computed
+            );
+            assert!(
+                trees > PROMPTS * 2,
+                "{arm} step {}: the budget grew no tree beyond the first wave: {:?}",
+                line.step,
+                line.trees_per_prompt
+            );
+            assert!(line.signal.is_some(), "{arm}: the step's signal is logged");
+        }
+    }
+    let spread = s["budget_spread"].as_f64().unwrap();
+    assert!(spread < 0.25, "arms' computed tokens differ by {spread}");
+
+    // The same start, bit for bit: the hash each run recorded is the warm-start
+    // checkpoint's, computed here from the files, and not the untrained model's.
+    let warm = whole.join("warm-start");
+    let hash_of = |path: &Path| {
+        let m = LoadedModel::load(path).unwrap();
+        weights_hash(&Params::from_model(&m.model, DType::F32).unwrap()).unwrap()
+    };
+    let warm_hash = hash_of(&warm);
+    assert_ne!(
+        warm_hash,
+        hash_of(&model),
+        "the warm-start changed no weight"
+    );
+    assert_eq!(StartRecord::read(&warm).unwrap().weights_fnv1a64, warm_hash);
+    for arm in ARMS {
+        let recorded = StartRecord::read(&run_dir(&whole, arm)).unwrap();
+        assert_eq!(recorded.weights_fnv1a64, warm_hash, "{arm}");
+    }
+
+    // The same prompts in the same order per step: the training split after the
+    // warm-start's questions, two a step.
+    let train = Task::Calc
+        .split(&TaskData::Embedded, Split::Train, usize::MAX)
+        .unwrap();
+    for step in 1..=STEPS {
+        let start = WARM_START + (step - 1) * PROMPTS;
+        let expected: Vec<String> = train[start..start + PROMPTS]
+            .iter()
+            .map(|q| q.id.to_string())
+            .collect();
+        for (arm, log) in ARMS.iter().zip(&logs) {
+            assert_eq!(log[step].prompt_ids, expected, "{arm} step {step}");
+        }
+    }
+
+    // Interrupted in the middle of the first run (after its first step), then rerun.
+    let cut = dir.path().join("cut");
+    let mut child = treegrpo()
+        .args(compare_args(&cut, &model, "3"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let first_log = run_dir(&cut, ARMS[0]).join("log.jsonl");
+    // A hang guard, not a timing assertion.
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    while read_log(&first_log).map(|l| l.len()).unwrap_or(0) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the first run's step 1 never finished"
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("compare ended before the interrupt: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    common::interrupt(&child);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "stderr: {stderr}");
+    assert!(
+        !cut.join("summary.json").exists(),
+        "no summary before the end"
+    );
+    assert!(
+        read_log(&first_log).unwrap().len() < STEPS + 1,
+        "the interrupt landed after the first run's end"
+    );
+    run_ok(treegrpo().args(compare_args(&cut, &model, "3")));
+    assert_eq!(summary(&cut), s, "the resumed comparison's summary");
+    for arm in ARMS {
+        assert_eq!(timeless(&cut, arm), timeless(&whole, arm), "{arm}'s log");
+    }
+
+    // Other settings in the same folder are refused, naming what differs.
+    let output = treegrpo()
+        .args(compare_args(&cut, &model, "4"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("seed differs"), "stderr: {stderr}");
+}
