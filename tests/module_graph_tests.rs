@@ -22,6 +22,7 @@ const ACYCLIC: &[&str] = &[
     "bench",
     "view",
     "cli",
+    "compare",
 ];
 
 /// The identifiers a path's tail names: `x` or every word of `{x, y::z, …}`.

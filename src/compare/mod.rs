@@ -6,8 +6,9 @@
 //! - [`arm`]: the arms by name (`tree`, `chain`, `tree-inter`, `tree-2-4-1`, …).
 //! - [`plan`]: the experiment's settings (`compare.json`) and the folder's layout.
 //! - [`run`]: the shared warm-start, every arm × seed run (resumed where stopped).
-//! - [`summary`]: `summary.json` and the plot, from the runs' logs.
-//! - [`report`]: `report.md`.
+//! - [`start`]: `start.json`, the hash of the weights a run started from.
+//! - [`summary`]: `summary.json`, from the runs' logs.
+//! - [`report`]: `report.md` and the plot, and writing all three.
 //! - [`error`]: [`CompareError`].
 
 pub mod arm;
@@ -15,13 +16,13 @@ pub mod error;
 pub mod plan;
 pub mod report;
 pub mod run;
+pub mod start;
 pub mod summary;
 
 pub use arm::{parse_arms, Arm};
 pub use error::{ArmError, CompareError};
 pub use plan::{run_dir, warm_start_dir, ComparePlan, PLAN_FILE};
-pub use run::{
-    run_compare, weights_hash, CompareEvent, CompareEventFn, CompareOutcome, StartRecord,
-    START_FILE,
-};
-pub use summary::{ArmSummary, StepSignal, Summary, PLOT_FILE, REPORT_FILE, SUMMARY_FILE};
+pub use report::{write_outputs, PLOT_FILE, REPORT_FILE};
+pub use run::{run_compare, CompareEvent, CompareEventFn, CompareOutcome};
+pub use start::{weights_hash, StartRecord, START_FILE};
+pub use summary::{ArmSummary, StepSignal, Summary, SUMMARY_FILE};

@@ -6,9 +6,17 @@
 //! numbers only.
 
 use std::fmt::Write;
+use std::path::Path;
 
+use super::error::CompareError;
 use super::plan::ComparePlan;
-use super::summary::Summary;
+use super::summary::{Summary, SUMMARY_FILE};
+use crate::view::plot::{bands_svg, Band};
+
+/// The plot's file.
+pub const PLOT_FILE: &str = "eval.svg";
+/// The report's file.
+pub const REPORT_FILE: &str = "report.md";
 
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "–".to_string(), |v| format!("{v:.3}"))
@@ -96,4 +104,44 @@ pub fn report(plan: &ComparePlan, s: &Summary) -> String {
         }
     }
     r
+}
+
+/// Writes `summary.json`, `eval.svg` and `report.md` into `out`.
+pub fn write_outputs(
+    plan: &ComparePlan,
+    out: &Path,
+    summary: &Summary,
+) -> Result<(), CompareError> {
+    let write = |name: &str, text: String| {
+        let path = out.join(name);
+        std::fs::write(&path, text).map_err(|e| CompareError::Io(path, e))
+    };
+    write(
+        SUMMARY_FILE,
+        serde_json::to_string_pretty(summary).expect("a summary serialises") + "\n",
+    )?;
+    let bands: Vec<Band> = plan
+        .arms
+        .iter()
+        .filter_map(|arm| {
+            let a = summary.arms.get(arm.name())?;
+            Some(Band {
+                label: format!(
+                    "{} ({} seed{})",
+                    arm.name(),
+                    a.seeds.len(),
+                    if a.seeds.len() == 1 { "" } else { "s" }
+                ),
+                mean: a.curve.iter().map(|p| (p[0], p[1])).collect(),
+                low: a.spread.iter().map(|p| (p[0], p[1])).collect(),
+                high: a.spread.iter().map(|p| (p[0], p[2])).collect(),
+            })
+        })
+        .collect();
+    let title = format!(
+        "{}: greedy eval reward ({} questions)",
+        summary.task, summary.eval_questions
+    );
+    write(PLOT_FILE, bands_svg(&title, &bands, 900, 560)?)?;
+    write(REPORT_FILE, report(plan, summary))
 }

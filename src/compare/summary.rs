@@ -11,16 +11,11 @@ use serde::{Deserialize, Serialize};
 
 use super::error::CompareError;
 use super::plan::{run_dir, ComparePlan};
-use super::run::StartRecord;
+use super::start::StartRecord;
 use crate::closed_loop::{read_log, StepLog};
-use crate::view::plot::{bands_svg, Band};
 
 /// The summary's file.
 pub const SUMMARY_FILE: &str = "summary.json";
-/// The plot's file.
-pub const PLOT_FILE: &str = "eval.svg";
-/// The report's file.
-pub const REPORT_FILE: &str = "report.md";
 
 /// Per-step figures of an arm, averaged over its seeds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -216,41 +211,5 @@ impl Summary {
         let path = out.join(SUMMARY_FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| CompareError::Io(path.clone(), e))?;
         serde_json::from_str(&text).map_err(|e| CompareError::Json(path, e))
-    }
-
-    /// Writes `summary.json`, `eval.svg` and `report.md` into `out`.
-    pub fn write_all(&self, plan: &ComparePlan, out: &Path) -> Result<(), CompareError> {
-        let write = |name: &str, text: String| {
-            let path = out.join(name);
-            std::fs::write(&path, text).map_err(|e| CompareError::Io(path, e))
-        };
-        write(
-            SUMMARY_FILE,
-            serde_json::to_string_pretty(self).expect("a summary serialises") + "\n",
-        )?;
-        let bands: Vec<Band> = plan
-            .arms
-            .iter()
-            .filter_map(|arm| {
-                let a = self.arms.get(arm.name())?;
-                Some(Band {
-                    label: format!(
-                        "{} ({} seed{})",
-                        arm.name(),
-                        a.seeds.len(),
-                        if a.seeds.len() == 1 { "" } else { "s" }
-                    ),
-                    mean: a.curve.iter().map(|p| (p[0], p[1])).collect(),
-                    low: a.spread.iter().map(|p| (p[0], p[1])).collect(),
-                    high: a.spread.iter().map(|p| (p[0], p[2])).collect(),
-                })
-            })
-            .collect();
-        let title = format!(
-            "{}: greedy eval reward ({} questions)",
-            self.task, self.eval_questions
-        );
-        write(PLOT_FILE, bands_svg(&title, &bands, 900, 560)?)?;
-        write(REPORT_FILE, super::report::report(plan, self))
     }
 }
