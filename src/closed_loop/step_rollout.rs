@@ -97,30 +97,44 @@ impl StepRollouts {
         let groups = prompt_groups(&self.records);
         let views: Vec<RewardGroup<'_>> = groups
             .iter()
-            .map(|(rewards, trees, _)| RewardGroup { rewards, trees })
+            .map(|g| RewardGroup {
+                rewards: &g.rewards,
+                trees: &g.trees,
+            })
             .collect();
         AdvantageSignal::of_groups(&views)
     }
 }
 
-/// Each prompt's rewards, the ranges of its trees, and the records' indices, in the
-/// order the records list them (prompt by prompt, tree by tree).
-fn prompt_groups(records: &[TrajectoryRecord]) -> Vec<(Vec<f64>, Vec<Range<usize>>, Vec<usize>)> {
-    let mut groups: Vec<(Vec<f64>, Vec<Range<usize>>, Vec<usize>)> = Vec::new();
+/// One prompt's leaves among a step's records.
+#[derive(Default)]
+struct PromptGroup {
+    /// Every leaf's reward, tree by tree.
+    rewards: Vec<f64>,
+    /// Where each tree's leaves sit in `rewards`.
+    trees: Vec<Range<usize>>,
+    /// The leaves' indices in the records.
+    records: Vec<usize>,
+}
+
+/// The records' prompts in the order the records list them (prompt by prompt, tree
+/// by tree).
+fn prompt_groups(records: &[TrajectoryRecord]) -> Vec<PromptGroup> {
+    let mut groups: Vec<PromptGroup> = Vec::new();
     let mut last: Option<(&str, usize)> = None;
     for (i, r) in records.iter().enumerate() {
         let key = (r.prompt_uid.as_str(), r.tree_id);
         if last.map(|l| l.0) != Some(key.0) {
-            groups.push((Vec::new(), Vec::new(), Vec::new()));
+            groups.push(PromptGroup::default());
         }
         let g = groups.last_mut().expect("a group was pushed");
         if last != Some(key) {
-            let at = g.0.len();
-            g.1.push(at..at);
+            let at = g.rewards.len();
+            g.trees.push(at..at);
         }
-        g.0.push(r.trajectory.reward);
-        g.1.last_mut().expect("a tree was pushed").end += 1;
-        g.2.push(i);
+        g.rewards.push(r.trajectory.reward);
+        g.trees.last_mut().expect("a tree was pushed").end += 1;
+        g.records.push(i);
         last = Some(key);
     }
     groups
@@ -128,11 +142,9 @@ fn prompt_groups(records: &[TrajectoryRecord]) -> Vec<(Vec<f64>, Vec<Range<usize
 
 /// Sets every record's advantage under `mode` over its prompt's whole group.
 fn readvantage(records: &mut [TrajectoryRecord], mode: AdvantageMode) {
-    for (rewards, trees, indices) in prompt_groups(records) {
-        for (i, a) in indices
-            .into_iter()
-            .zip(group_advantages(&rewards, &trees, mode))
-        {
+    for g in prompt_groups(records) {
+        let advantages = group_advantages(&g.rewards, &g.trees, mode);
+        for (i, a) in g.records.into_iter().zip(advantages) {
             records[i].advantage = a;
         }
     }
@@ -199,7 +211,7 @@ pub async fn step_rollouts(
         if out.waves > 0 {
             // A stream of its own per wave: wave 1 keeps the step's seed.
             tree.seed =
-                SeqRng::from_parts(&[req.tree.seed, out.waves as u64, 0x77_6176_65]).next_u64();
+                SeqRng::from_parts(&[req.tree.seed, out.waves as u64, 0x7761_7665]).next_u64();
         }
         let request = RolloutRequest {
             env: req.env.clone(),

@@ -9,7 +9,7 @@
 //! - [`start`]: `start.json`, the hash of the weights a run started from.
 //! - [`summary`]: `summary.json`, from the runs' logs.
 //! - [`report`]: `report.md` and the plot, and writing all three.
-//! - [`error`]: [`CompareError`].
+//! - [`error`]: the layer's error type, [`CompareError`].
 
 pub mod arm;
 pub mod error;
