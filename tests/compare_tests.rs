@@ -13,7 +13,8 @@
 //!   warm-start's questions);
 //! - a comparison interrupted by SIGINT in the middle of its first run, then rerun
 //!   with the same command, writes the same summary and the same logs as one that was
-//!   never interrupted; a rerun with other settings is refused.
+//!   never interrupted; a rerun with more steps extends every run; a rerun with other
+//!   settings is refused.
 
 mod common;
 
@@ -244,6 +245,19 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
     assert_eq!(summary(&cut), s, "the resumed comparison's summary");
     for arm in ARMS {
         assert_eq!(timeless(&cut, arm), timeless(&whole, arm), "{arm}'s log");
+    }
+
+    // More steps extend the comparison: every run continues from its checkpoint.
+    let mut more = compare_args(&cut, &model, "3");
+    let at = more.iter().position(|a| a == "--steps").unwrap() + 1;
+    more[at] = (STEPS + 1).to_string();
+    run_ok(treegrpo().args(&more));
+    let extended = summary(&cut);
+    assert_eq!(extended["steps"], STEPS + 1);
+    for arm in ARMS {
+        let log = timeless(&cut, arm);
+        assert_eq!(log.len(), STEPS + 2, "{arm}: one more step");
+        assert_eq!(log[..STEPS + 1], timeless(&whole, arm)[..], "{arm}: the first steps kept");
     }
 
     // Other settings in the same folder are refused, naming what differs.

@@ -105,7 +105,8 @@ impl ComparePlan {
     }
 
     /// Writes the plan into `out`, or checks it against the one there (a resumed
-    /// comparison).
+    /// comparison): the same plan, or the same with more steps (which extends every
+    /// run), is taken; any other difference is refused.
     pub fn adopt_folder(&self, out: &Path) -> Result<(), CompareError> {
         let path = out.join(PLAN_FILE);
         std::fs::create_dir_all(out).map_err(|e| CompareError::Io(out.to_path_buf(), e))?;
@@ -115,14 +116,30 @@ impl ComparePlan {
                 std::fs::read_to_string(&path).map_err(|e| CompareError::Io(path.clone(), e))?;
             let theirs: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| CompareError::Json(path.clone(), e))?;
-            if let Some(field) = first_difference(&mine, &theirs) {
-                return Err(CompareError::PlanChanged { path, field });
+            match first_difference(&mine, &theirs) {
+                None => return Ok(()),
+                // More steps extend every run from its last checkpoint: the steps it
+                // has taken are the same either way.
+                Some(field) if field == "steps" && extends(&mine, &theirs) => {}
+                Some(field) => return Err(CompareError::PlanChanged { path, field }),
             }
-            return Ok(());
         }
         let text = serde_json::to_string_pretty(&mine).expect("a plan serialises");
         std::fs::write(&path, text + "\n").map_err(|e| CompareError::Io(path, e))
     }
+}
+
+/// Whether plan `a` is plan `b` with more steps.
+fn extends(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    let steps = |v: &serde_json::Value| v.get("steps").and_then(serde_json::Value::as_u64);
+    let rest = |v: &serde_json::Value| {
+        let mut v = v.clone();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("steps");
+        }
+        v
+    };
+    steps(a) > steps(b) && rest(a) == rest(b)
 }
 
 /// The first top-level field where two plans differ.
