@@ -84,6 +84,7 @@ impl BenchMode {
         let sel = match select {
             Selection::Paper => "",
             Selection::Reference => "-reference",
+            Selection::Entropy => "-entropy",
         };
         BenchMode {
             mode: ModeKind::Tree,

@@ -78,7 +78,8 @@ pub struct TreeFlags {
     /// G independent chains per prompt instead of trees (the GRPO baseline).
     #[arg(long, conflicts_with_all = ["trees", "expand", "rounds", "keep"])]
     pub chains: Option<usize>,
-    /// Node selection: paper (distinct inner nodes) or reference (with replacement, root included).
+    /// Node selection: paper (distinct inner nodes), reference (with replacement, root
+    /// included) or entropy (the boundaries whose next step was most uncertain).
     #[arg(long, default_value = "paper")]
     pub select: Selection,
     #[command(flatten)]

@@ -6,6 +6,9 @@
 //! - `tree-M-N-L` (and `tree-inter-M-N-L`, …): another shape, e.g. `tree-2-4-1` or
 //!   two rounds, `tree-2-2-2`.
 //! - `chain`, `chain-G`: GRPO over independent chains (4 by default), the baseline.
+//! - A trailing `-entropy` (`tree-entropy`, `tree-2-4-1-entropy`) expands the step
+//!   boundaries whose next step was most uncertain instead of random ones
+//!   ([`Selection::Entropy`]).
 //!
 //! The shape is what one wave grows; under the step budget every arm grows more trees
 //! (chains) on the same prompts until the budget is spent.
@@ -67,6 +70,10 @@ impl FromStr for Arm {
                 (TreeShape::chains(g), AdvantageMode::Grpo)
             }
             ["tree", rest @ ..] => {
+                let (selection, rest) = match rest.split_last() {
+                    Some((&"entropy", rest)) => (Selection::Entropy, rest),
+                    _ => (Selection::Paper, rest),
+                };
                 let (advantage, dims) = match rest.first().map(|m| m.parse::<AdvantageMode>()) {
                     Some(Ok(m)) if m != AdvantageMode::Grpo => (m, &rest[1..]),
                     _ => (AdvantageMode::Tree, rest),
@@ -76,7 +83,7 @@ impl FromStr for Arm {
                     [m, n, l] => (*m, *n, *l),
                     _ => return Err(ArmError::Shape(s.to_string())),
                 };
-                (TreeShape::tree(m, n, l, Selection::Paper), advantage)
+                (TreeShape::tree(m, n, l, selection), advantage)
             }
             _ => return Err(ArmError::Unknown(s.to_string())),
         };
@@ -138,6 +145,11 @@ mod tests {
         assert_eq!(a.advantage, AdvantageMode::Intra);
         let a: Arm = "tree-inter-2-4-1".parse().unwrap();
         assert_eq!((a.shape.expand, a.advantage), (4, AdvantageMode::Inter));
+        let a: Arm = "tree-intra-2-4-1-entropy".parse().unwrap();
+        assert_eq!(
+            (a.shape.expand, a.shape.selection, a.advantage),
+            (4, Selection::Entropy, AdvantageMode::Intra)
+        );
         let a: Arm = "tree-2-2-2".parse().unwrap();
         assert_eq!(a.shape.rounds, 2);
         let a: Arm = "chain".parse().unwrap();

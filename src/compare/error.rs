@@ -62,7 +62,9 @@ pub enum CompareError {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ArmError {
     /// Not `tree…` or `chain…`.
-    #[error("unknown arm '{0}': arms are tree[-inter|-intra|-2norm][-M-N-L] or chain[-G]")]
+    #[error(
+        "unknown arm '{0}': arms are tree[-inter|-intra|-2norm][-M-N-L][-entropy] or chain[-G]"
+    )]
     Unknown(String),
     /// A shape part that is not a positive number.
     #[error("arm '{0}': the shape must be positive numbers (tree-M-N-L, chain-G)")]

@@ -27,7 +27,7 @@ use crate::engine::{Engine, EngineConfig};
 use crate::env::{Environment, QaSample, Split, TaskData};
 use crate::model::kernels::WeightFormat;
 use crate::model::LoadedModel;
-use crate::rollout::{Selection, TreeOptions};
+use crate::rollout::TreeOptions;
 use crate::train::{save_checkpoint, CheckpointExtras, KlReference, Optimizer, Params};
 
 /// Something the comparison reports while it runs.
@@ -192,7 +192,7 @@ fn loop_config(plan: &ComparePlan, arm: &Arm, k: usize) -> Result<LoopConfig, Co
         rounds: shape.rounds,
         keep: None,
         chains: shape.is_chains().then_some(shape.trees),
-        selection: Selection::Paper,
+        selection: shape.selection,
         temperature: plan.temperature,
         max_step_tokens: plan.max_step_tokens,
         seed: plan.seed + k as u64,

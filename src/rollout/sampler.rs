@@ -176,7 +176,7 @@ impl Growth {
         ]);
         select_nodes(
             cfg.shape.selection,
-            &self.trees[t].inner_steps(),
+            &self.trees[t],
             cfg.shape.expand,
             &mut rng,
         )
