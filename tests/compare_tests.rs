@@ -13,8 +13,8 @@
 //!   warm-start's questions);
 //! - a comparison interrupted by SIGINT in the middle of its first run, then rerun
 //!   with the same command, writes the same summary and the same logs as one that was
-//!   never interrupted; a rerun with more steps extends every run; a rerun with other
-//!   settings is refused.
+//!   never interrupted; a rerun with more steps extends every run, one with more arms
+//!   adds their runs; a rerun with other settings is refused.
 
 mod common;
 
@@ -257,14 +257,36 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
     for arm in ARMS {
         let log = timeless(&cut, arm);
         assert_eq!(log.len(), STEPS + 2, "{arm}: one more step");
-        assert_eq!(log[..STEPS + 1], timeless(&whole, arm)[..], "{arm}: the first steps kept");
+        assert_eq!(
+            log[..STEPS + 1],
+            timeless(&whole, arm)[..],
+            "{arm}: the first steps kept"
+        );
     }
 
-    // Other settings in the same folder are refused, naming what differs.
+    // More arms add their runs; the others are kept as they are.
+    let mut wider = more.clone();
+    let at = wider.iter().position(|a| a == "--arms").unwrap() + 1;
+    wider[at] = format!("{},chain-1", ARMS.join(","));
+    run_ok(treegrpo().args(&wider));
+    let widened = summary(&cut);
+    assert_eq!(widened["arms"][ARMS[0]], extended["arms"][ARMS[0]]);
+    assert_eq!(widened["arms"]["chain-1"]["seeds"], serde_json::json!([3]));
+    // Fewer arms than the folder's is another experiment.
     let output = treegrpo()
-        .args(compare_args(&cut, &model, "4"))
+        .args(compare_args(&cut, &model, "3"))
         .output()
         .unwrap();
+    assert!(
+        !output.status.success(),
+        "a rerun with fewer arms and steps was taken"
+    );
+
+    // Other settings in the same folder are refused, naming what differs.
+    let mut reseeded = wider.clone();
+    let at = reseeded.iter().position(|a| a == "--seed").unwrap() + 1;
+    reseeded[at] = "4".into();
+    let output = treegrpo().args(&reseeded).output().unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("seed differs"), "stderr: {stderr}");

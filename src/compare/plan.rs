@@ -106,7 +106,8 @@ impl ComparePlan {
 
     /// Writes the plan into `out`, or checks it against the one there (a resumed
     /// comparison): the same plan, or the same with more steps (which extends every
-    /// run), is taken; any other difference is refused.
+    /// run) or more arms after its own (which adds their runs), is taken; any other
+    /// difference is refused.
     pub fn adopt_folder(&self, out: &Path) -> Result<(), CompareError> {
         let path = out.join(PLAN_FILE);
         std::fs::create_dir_all(out).map_err(|e| CompareError::Io(out.to_path_buf(), e))?;
@@ -118,9 +119,9 @@ impl ComparePlan {
                 serde_json::from_str(&text).map_err(|e| CompareError::Json(path.clone(), e))?;
             match first_difference(&mine, &theirs) {
                 None => return Ok(()),
-                // More steps extend every run from its last checkpoint: the steps it
-                // has taken are the same either way.
-                Some(field) if field == "steps" && extends(&mine, &theirs) => {}
+                // More steps extend every run from its last checkpoint (the steps it
+                // has taken are the same either way); more arms add runs.
+                Some(_) if extends(&mine, &theirs) => {}
                 Some(field) => return Err(CompareError::PlanChanged { path, field }),
             }
         }
@@ -129,17 +130,27 @@ impl ComparePlan {
     }
 }
 
-/// Whether plan `a` is plan `b` with more steps.
+/// Whether plan `a` extends plan `b`: at least its steps, its arms followed by more
+/// (and the same for the arms that run every seed), every other setting the same.
 fn extends(a: &serde_json::Value, b: &serde_json::Value) -> bool {
     let steps = |v: &serde_json::Value| v.get("steps").and_then(serde_json::Value::as_u64);
+    let list = |v: &serde_json::Value, key: &str| -> Vec<serde_json::Value> {
+        v.get(key)
+            .and_then(serde_json::Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let prefix = |key: &str| list(a, key).starts_with(&list(b, key));
     let rest = |v: &serde_json::Value| {
         let mut v = v.clone();
         if let Some(o) = v.as_object_mut() {
-            o.remove("steps");
+            for key in ["steps", "arms", "full_seed_arms"] {
+                o.remove(key);
+            }
         }
         v
     };
-    steps(a) > steps(b) && rest(a) == rest(b)
+    steps(a) >= steps(b) && prefix("arms") && prefix("full_seed_arms") && rest(a) == rest(b)
 }
 
 /// The first top-level field where two plans differ.
