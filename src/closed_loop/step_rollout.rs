@@ -7,7 +7,8 @@
 //! run's seeds fix; so a budgeted step is as reproducible as a plain one, and a resumed
 //! run repeats it exactly.
 //!
-//! The planner: wave 1 grows the configured number of trees on every prompt. After
+//! The planner: wave 1 grows one tree on every prompt (the configured M without a
+//! budget: then there is only wave 1). After
 //! each wave the cost of one tree is estimated as computed tokens / trees grown, and
 //! the budget left buys `round(left / cost)` more trees: all prompts get
 //! `trees / prompts` more each if that is at least one, else the first `trees`
@@ -201,9 +202,17 @@ pub async fn step_rollouts(
         // whose prompts share the system prompt, or none after a resume).
         req.engine.clear_prefix_cache().await?;
     }
+    // Under a budget the first wave is one tree a prompt: the budget, not the
+    // configured M, decides how many each prompt gets, and a wide shape cannot
+    // overspend it in its first wave.
+    let first = if req.budget.is_some() {
+        1
+    } else {
+        req.tree.shape.trees
+    };
     let mut wave = Some(Wave {
         prompts: n,
-        trees: req.tree.shape.trees,
+        trees: first,
     });
     while let Some(w) = wave {
         let mut tree = req.tree.clone();

@@ -10,8 +10,9 @@
 //!   boundaries whose next step was most uncertain instead of random ones
 //!   ([`Selection::Entropy`]).
 //!
-//! The shape is what one wave grows; under the step budget every arm grows more trees
-//! (chains) on the same prompts until the budget is spent.
+//! Under the step budget the number of trees (chains) per prompt is the budget's: the
+//! first wave grows one on every prompt and later waves add more until the budget is
+//! spent, so M (and G) name the shape but do not fix the count; N and L do.
 
 use std::fmt;
 use std::str::FromStr;
