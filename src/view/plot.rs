@@ -2,6 +2,7 @@
 //! training reward and eval reward against cumulative computed tokens, one colour per
 //! run, with a legend. Plain data in, a string out; drawn with `plotters`.
 
+use plotters::coord::types::RangedCoordf64;
 use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::*;
 
@@ -42,18 +43,8 @@ pub fn reward_svg(series: &[RewardSeries], width: u32, height: u32) -> Result<St
         let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
         root.fill(&WHITE)?;
         let (plot_area, legend_area) = root.split_horizontally(width.saturating_sub(LEGEND_W));
-        let mut chart = ChartBuilder::on(&plot_area)
-            .caption("reward vs tokens computed", ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(52)
-            .build_cartesian_2d(0.0..x_max * 1.02, 0.0..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc("cumulative tokens computed (rollouts)")
-            .y_desc("mean reward")
-            .x_label_formatter(&|x| format!("{:.0}k", x / 1000.0))
-            .draw()?;
+        let title = ("reward vs tokens computed", 20);
+        let mut chart = token_axes(&plot_area, title, "mean reward", x_max, y_max)?;
         for (i, s) in series.iter().enumerate() {
             let c = colour(i);
             chart.draw_series(LineSeries::new(s.reward.iter().copied(), c.stroke_width(2)))?;
@@ -64,6 +55,31 @@ pub fn reward_svg(series: &[RewardSeries], width: u32, height: u32) -> Result<St
         root.present()?;
     }
     Ok(svg)
+}
+
+/// The axes every chart here shares: cumulative computed tokens (in thousands)
+/// across, `y_desc` up from 0 to `y_max`, `title` (text, font size) above.
+fn token_axes<'a, 'b>(
+    area: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    title: (&str, u32),
+    y_desc: &str,
+    x_max: f64,
+    y_max: f64,
+) -> Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>, PlotError>
+{
+    let mut chart = ChartBuilder::on(area)
+        .caption(title.0, ("sans-serif", title.1))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(52)
+        .build_cartesian_2d(0.0..x_max * 1.02, 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("cumulative tokens computed (rollouts)")
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| format!("{:.0}k", x / 1000.0))
+        .draw()?;
+    Ok(chart)
 }
 
 /// One legend row per run: its colour as the rollout line and the eval dot, its label.
@@ -118,18 +134,8 @@ pub fn bands_svg(
         let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
         root.fill(&WHITE)?;
         let (plot_area, legend_area) = root.split_horizontally(width.saturating_sub(LEGEND_W));
-        let mut chart = ChartBuilder::on(&plot_area)
-            .caption(title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(52)
-            .build_cartesian_2d(0.0..x_max * 1.02, 0.0..y_max)?;
-        chart
-            .configure_mesh()
-            .x_desc("cumulative tokens computed (rollouts)")
-            .y_desc("eval reward (mean over seeds)")
-            .x_label_formatter(&|x| format!("{:.0}k", x / 1000.0))
-            .draw()?;
+        let y_desc = "eval reward (mean over seeds)";
+        let mut chart = token_axes(&plot_area, (title, 18), y_desc, x_max, y_max)?;
         for (i, b) in bands.iter().enumerate() {
             let c = colour(i);
             // The band: the high edge forward, the low edge back.
