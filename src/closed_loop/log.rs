@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::error::LoopError;
+use super::step_rollout::StepRollouts;
 use crate::advantage::AdvantageSignal;
+use crate::train::UpdateMetrics;
 
 /// Token figures of a step's rollouts (evaluation not included).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +114,52 @@ impl StepLog {
             lr: 0.0,
             rollout_seconds: 0.0,
             update_seconds: 0.0,
+            eval_seconds: eval.map_or(0.0, |e| e.1),
+        }
+    }
+
+    /// The line of finished step `step`: its rollouts (sampled under
+    /// `weight_version`), its update's metrics, and the evaluation after it (reward,
+    /// seconds) if one ran.
+    #[allow(clippy::too_many_arguments)]
+    pub fn after_step(
+        step: u64,
+        weight_version: u64,
+        rollouts: &StepRollouts,
+        m: &UpdateMetrics,
+        cumulative_computed: u64,
+        rollout_seconds: f64,
+        eval: Option<(f64, f64)>,
+    ) -> StepLog {
+        StepLog {
+            step,
+            weight_version,
+            reward_mean: rollouts.mean_reward(),
+            eval_reward: eval.map(|e| e.0),
+            rollouts: rollouts.records.len(),
+            tokens: StepTokens {
+                prefilled: rollouts.prefilled,
+                decoded: rollouts.decoded,
+                reused: rollouts.reused,
+                computed: rollouts.computed,
+                cumulative_computed,
+            },
+            prompt_ids: rollouts.prompt_ids.clone(),
+            trees_per_prompt: rollouts.trees_per_prompt.clone(),
+            signal: Some(rollouts.signal()),
+            loss: m.loss,
+            pg_loss: m.pg_loss,
+            nll: m.nll,
+            kl: m.kl,
+            entropy: m.entropy,
+            grad_norm: m.grad_norm,
+            clip_fraction: m.clip_fraction,
+            tis_mean: m.tis_mean,
+            rollout_logprob_diff_max: m.rollout_logprob_diff_max,
+            rollout_logprob_diff_mean: m.rollout_logprob_diff_mean,
+            lr: m.lr,
+            rollout_seconds,
+            update_seconds: m.seconds,
             eval_seconds: eval.map_or(0.0, |e| e.1),
         }
     }

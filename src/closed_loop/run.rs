@@ -23,10 +23,10 @@ use tokio::sync::watch;
 use super::config::LoopConfig;
 use super::error::LoopError;
 use super::eval::evaluate;
-use super::log::{LogFile, StepLog, StepTokens};
+use super::log::{LogFile, StepLog};
 use super::record::{RunRecord, RunSource};
 use super::samples::train_sample;
-use super::step_rollout::{step_rollouts, StepRequest, StepRollouts};
+use super::step_rollout::{step_rollouts, StepRequest};
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::model::{LoadedModel, Model};
@@ -34,7 +34,7 @@ use crate::rollout::export::TrajectoryRecord;
 use crate::rollout::{Progress, RunHooks};
 use crate::train::{
     fill_reference_logprobs, restore_weights, save_checkpoint, update_serving, CheckpointExtras,
-    KlReference, Optimizer, Params, TrainSample, UpdateMetrics, UpdateProgress,
+    KlReference, Optimizer, Params, TrainSample, UpdateProgress,
 };
 
 /// What `loop_state.json` in a checkpoint records.
@@ -457,7 +457,6 @@ impl TrainRun {
             let mut tree = self.config.tree.clone();
             tree.seed = step_seed(self.config.tree.seed, step);
             let samples = step_samples(&self.train, step, self.config.prompts_per_step);
-            let prompt_ids: Vec<String> = samples.iter().map(|s| s.id.to_string()).collect();
             let request = StepRequest {
                 engine: &self.engine,
                 env: &self.env,
@@ -541,10 +540,9 @@ impl TrainRun {
                 cumulative_computed: after,
                 ..self.state
             };
-            let line = step_line(
+            let line = StepLog::after_step(
                 step,
                 version,
-                prompt_ids,
                 &result,
                 &metrics,
                 self.state.cumulative_computed,
@@ -561,50 +559,5 @@ impl TrainRun {
         Ok(LoopOutcome::Finished {
             steps: self.state.step,
         })
-    }
-}
-
-/// The log line of a finished step.
-#[allow(clippy::too_many_arguments)]
-fn step_line(
-    step: u64,
-    weight_version: u64,
-    prompt_ids: Vec<String>,
-    rollouts: &StepRollouts,
-    m: &UpdateMetrics,
-    cumulative_computed: u64,
-    rollout_seconds: f64,
-    eval: Option<(f64, f64)>,
-) -> StepLog {
-    StepLog {
-        step,
-        weight_version,
-        reward_mean: rollouts.mean_reward(),
-        eval_reward: eval.map(|e| e.0),
-        rollouts: rollouts.records.len(),
-        tokens: StepTokens {
-            prefilled: rollouts.prefilled,
-            decoded: rollouts.decoded,
-            reused: rollouts.reused,
-            computed: rollouts.computed,
-            cumulative_computed,
-        },
-        prompt_ids,
-        trees_per_prompt: rollouts.trees_per_prompt.clone(),
-        signal: Some(rollouts.signal()),
-        loss: m.loss,
-        pg_loss: m.pg_loss,
-        nll: m.nll,
-        kl: m.kl,
-        entropy: m.entropy,
-        grad_norm: m.grad_norm,
-        clip_fraction: m.clip_fraction,
-        tis_mean: m.tis_mean,
-        rollout_logprob_diff_max: m.rollout_logprob_diff_max,
-        rollout_logprob_diff_mean: m.rollout_logprob_diff_mean,
-        lr: m.lr,
-        rollout_seconds,
-        update_seconds: m.seconds,
-        eval_seconds: eval.map_or(0.0, |e| e.1),
     }
 }

@@ -74,6 +74,8 @@ pub struct StepRollouts {
     pub decoded: u64,
     /// Tokens needed but not computed (forks, prefix cache).
     pub reused: u64,
+    /// The ids of the step's prompts, in order.
+    pub prompt_ids: Vec<String>,
     /// Trees grown on each prompt, in prompt order.
     pub trees_per_prompt: Vec<usize>,
     /// Waves run (1 without a budget).
@@ -192,6 +194,7 @@ pub async fn step_rollouts(
         prefilled: 0,
         decoded: 0,
         reused: 0,
+        prompt_ids: req.samples.iter().map(|s| s.id.to_string()).collect(),
         trees_per_prompt: vec![0; n],
         waves: 0,
         interrupted: false,
