@@ -20,7 +20,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use candle_core::DType;
 use serde_json::Value;
@@ -217,18 +216,7 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
         .spawn()
         .unwrap();
     let first_log = run_dir(&cut, ARMS[0]).join("log.jsonl");
-    // A hang guard, not a timing assertion.
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    while read_log(&first_log).map(|l| l.len()).unwrap_or(0) < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the first run's step 1 never finished"
-        );
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("compare ended before the interrupt: {status}");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    common::wait_for_log_lines(&mut child, &first_log, 2);
     common::interrupt(&child);
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

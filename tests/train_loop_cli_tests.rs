@@ -14,7 +14,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use treegrpo::closed_loop::{read_log, StepLog};
 
@@ -121,15 +120,7 @@ fn sigint_leaves_log_and_checkpoint_whole_and_resume_reproduces_the_uninterrupte
         .unwrap();
     // Interrupt once step 1 is logged (and so checkpointed: every step is).
     let log = cut.join("log.jsonl");
-    // A hang guard, not a timing assertion.
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    while read_log(&log).map(|l| l.len()).unwrap_or(0) < 2 {
-        assert!(Instant::now() < deadline, "step 1 never finished");
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("train ended before the interrupt: {status}");
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    common::wait_for_log_lines(&mut child, &log, 2);
     common::interrupt(&child);
     let output = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);

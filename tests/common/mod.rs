@@ -91,3 +91,28 @@ pub fn signal_masks(pid: u32) -> String {
         Err(e) => format!("/proc/{pid}/status: {e}"),
     }
 }
+
+/// Waits until `log` (a run's `log.jsonl`) has at least `lines` whole lines, failing
+/// the test if `child` ends first or nothing comes within half an hour (a hang
+/// guard, not a timing assertion).
+pub fn wait_for_log_lines(child: &mut std::process::Child, log: &std::path::Path, lines: usize) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1800);
+    while treegrpo::closed_loop::read_log(log)
+        .map(|l| l.len())
+        .unwrap_or(0)
+        < lines
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never reached {lines} lines",
+            log.display()
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "the command ended before {} had {lines} lines: {status}",
+                log.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
