@@ -39,7 +39,9 @@ pub struct LoopConfig {
     /// compares with the same weights).
     pub kl_reference: KlReference,
     /// Computed tokens each step's rollouts spend: trees are added to the step's
-    /// prompts in waves until it is spent (`None`: the configured trees, once).
+    /// prompts in waves until it is spent, and what a step overran or fell short by
+    /// is carried to the next, so step `k` ends near `k ×` this many cumulative
+    /// tokens (`None`: the configured trees, once).
     pub step_budget: Option<u64>,
     /// Also evaluate after each step that crosses a multiple of this many cumulative
     /// computed tokens (0: off).

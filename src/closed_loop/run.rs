@@ -26,7 +26,7 @@ use super::eval::evaluate;
 use super::log::{LogFile, StepLog};
 use super::record::{RunRecord, RunSource};
 use super::samples::train_sample;
-use super::step_rollout::{step_rollouts, StepRequest};
+use super::step_rollout::{step_allowance, step_rollouts, StepRequest};
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::model::{LoadedModel, Model};
@@ -464,7 +464,10 @@ impl TrainRun {
                 tree,
                 advantage: self.config.advantage,
                 concurrent_prompts: self.config.concurrent_prompts,
-                budget: self.config.step_budget,
+                budget: self
+                    .config
+                    .step_budget
+                    .map(|budget| step_allowance(budget, step, self.state.cumulative_computed)),
             };
             let mut hooks = |_wave: usize| {
                 let progress_events = events.clone();

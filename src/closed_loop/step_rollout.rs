@@ -13,7 +13,14 @@
 //! the budget left buys `round(left / cost)` more trees: all prompts get
 //! `trees / prompts` more each if that is at least one, else the first `trees`
 //! prompts get one more. It stops when the budget buys no whole tree, or after
-//! [`MAX_WAVES`]. The overrun is at most half a tree's cost in expectation.
+//! [`MAX_WAVES`].
+//!
+//! Whole trees overrun or fall short of a step's budget by up to half a tree, so the
+//! budget is kept over the run, not per step: step `k` may spend what keeps the
+//! run's cumulative computed tokens at `k × budget` ([`step_allowance`]). A step that
+//! overran leaves the next that much less, and a run's total stays within about half
+//! a tree of `steps × budget` however wide its trees (a (2,4,1) tree costs ~2k tokens,
+//! an eighth of a 16k step: per step it overran by up to 5%).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -28,6 +35,13 @@ use crate::rollout::{run_rollout, RolloutRequest, RunHooks, RunOptions, TreeConf
 
 /// Most waves a budgeted step runs (the planner converges in two or three).
 pub const MAX_WAVES: usize = 6;
+
+/// What step `step` (from 1) may spend under a per-step `budget` when the steps
+/// before it spent `spent`: what brings the run to `step × budget` (0 when they
+/// overspent it; the step still grows its first wave).
+pub fn step_allowance(budget: u64, step: u64, spent: u64) -> u64 {
+    budget.saturating_mul(step).saturating_sub(spent)
+}
 
 /// What one wave grows: `trees` more trees on each of the first `prompts` prompts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,7 +181,8 @@ pub struct StepRequest<'a> {
     pub advantage: AdvantageMode,
     /// Most prompts grown at once (0: all).
     pub concurrent_prompts: usize,
-    /// Computed tokens the step's rollouts may spend (`None`: one wave).
+    /// Computed tokens the step's rollouts may spend (`None`: one wave); a run gives
+    /// its [`step_allowance`].
     pub budget: Option<u64>,
 }
 
@@ -303,5 +318,16 @@ mod tests {
         // Less than half a tree left, or overspent: done.
         assert_eq!(next_wave(26_400, 26_000, 26, 8), None);
         assert_eq!(next_wave(20_000, 26_000, 26, 8), None);
+    }
+
+    #[test]
+    fn allowance_carries_a_steps_overrun_to_the_next() {
+        assert_eq!(step_allowance(16_000, 1, 0), 16_000);
+        // Step 1 overran by 900: step 2 may spend 900 less.
+        assert_eq!(step_allowance(16_000, 2, 16_900), 15_100);
+        // It fell short by 700: step 3 may spend 700 more.
+        assert_eq!(step_allowance(16_000, 3, 31_300), 16_700);
+        // Overspent beyond the next step's share: nothing (wave 1 still runs).
+        assert_eq!(step_allowance(16_000, 2, 33_000), 0);
     }
 }
