@@ -120,10 +120,15 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
     run_ok(treegrpo().args(compare_args(&whole, &model, "3")));
     let s = summary(&whole);
     // Shown with --nocapture: what the tiny comparison measured.
-    eprintln!(
-        "{}",
-        std::fs::read_to_string(whole.join("report.md")).unwrap()
-    );
+    let report = std::fs::read_to_string(whole.join("report.md")).unwrap();
+    eprintln!("{report}");
+    assert!(report.contains("| tree-1-2-1 | 1 |"), "the branching table");
+    for step in s["arms"]["tree-1-2-1"]["steps"].as_array().unwrap() {
+        assert!(step["fork_depth_mean"].is_number(), "{step}");
+    }
+    for step in s["arms"]["chain-2"]["steps"].as_array().unwrap() {
+        assert!(step.get("fork_depth_mean").is_none(), "{step}");
+    }
     assert_eq!(s["task"], "calc");
     assert_eq!(s["eval_questions"], 2);
     for arm in ARMS {
@@ -172,6 +177,18 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
                 line.trees_per_prompt
             );
             assert!(line.signal.is_some(), "{arm}: the step's signal is logged");
+            // Trees log where their branches forked; chains have none.
+            match (arm.starts_with("tree"), line.branching) {
+                (true, Some(b)) => {
+                    assert!(b.branched_trees > 0 && b.forks > 0, "{arm}: {b:?}");
+                    assert!(b.fork_depth_mean < b.leaf_depth_mean, "{arm}: {b:?}");
+                    for share in [b.own_token_share, b.answer_agreement] {
+                        assert!((0.0..=1.0).contains(&share), "{arm}: {b:?}");
+                    }
+                }
+                (false, None) => {}
+                (_, b) => panic!("{arm} step {}: branching {b:?}", line.step),
+            }
         }
     }
     let spread = s["budget_spread"].as_f64().unwrap();

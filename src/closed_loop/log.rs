@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use super::error::LoopError;
 use super::step_rollout::StepRollouts;
 use crate::advantage::AdvantageSignal;
+use crate::rollout::BranchingStats;
 use crate::train::UpdateMetrics;
 
 /// Token figures of a step's rollouts (evaluation not included).
@@ -54,6 +55,10 @@ pub struct StepLog {
     /// step 0 and in older logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<AdvantageSignal>,
+    /// Where the step's branches forked and how far apart they ended (absent for
+    /// chains, on step 0 and in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branching: Option<BranchingStats>,
     /// The update's total loss (see [`UpdateMetrics`](crate::train::UpdateMetrics));
     /// 0 on step 0, as are the other update figures.
     pub loss: f64,
@@ -101,6 +106,7 @@ impl StepLog {
             prompt_ids: Vec::new(),
             trees_per_prompt: Vec::new(),
             signal: None,
+            branching: None,
             loss: 0.0,
             pg_loss: 0.0,
             nll: 0.0,
@@ -147,6 +153,7 @@ impl StepLog {
             prompt_ids: rollouts.prompt_ids.clone(),
             trees_per_prompt: rollouts.trees_per_prompt.clone(),
             signal: Some(rollouts.signal()),
+            branching: rollouts.branching(),
             loss: m.loss,
             pg_loss: m.pg_loss,
             nll: m.nll,

@@ -31,7 +31,9 @@ use crate::advantage::{group_advantages, AdvantageMode, AdvantageSignal, RewardG
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::rollout::export::TrajectoryRecord;
-use crate::rollout::{run_rollout, RolloutRequest, RunHooks, RunOptions, TreeConfig};
+use crate::rollout::{
+    run_rollout, BranchingStats, RolloutRequest, RunHooks, RunOptions, TreeConfig,
+};
 
 /// Most waves a budgeted step runs (the planner converges in two or three).
 pub const MAX_WAVES: usize = 6;
@@ -107,6 +109,11 @@ impl StepRollouts {
             .map(|r| r.trajectory.reward)
             .sum::<f64>()
             / n
+    }
+
+    /// Where the trees' branches fork and how far apart they end (`None` for chains).
+    pub fn branching(&self) -> Option<BranchingStats> {
+        BranchingStats::of_records(&self.records)
     }
 
     /// The learning signal of the leaves, grouped by prompt and tree.

@@ -103,6 +103,44 @@ pub fn report(plan: &ComparePlan, s: &Summary) -> String {
             );
         }
     }
+    let branched: Vec<_> = plan
+        .arms
+        .iter()
+        .filter_map(|arm| s.arms.get(arm.name()).map(|a| (arm, a)))
+        .filter(|(_, a)| a.steps.iter().any(|st| st.fork_depth_mean.is_some()))
+        .collect();
+    if !branched.is_empty() {
+        let _ = writeln!(
+            r,
+            "\n## Where the branches fork (tree arms, mean over seeds)\n"
+        );
+        let _ = writeln!(
+            r,
+            "Fork depth: agent steps the branches share before they part; own tokens: the \
+             share of a leaf's response after the longest prefix it shares with a sibling; \
+             same answer: the share of sibling pairs that gave the same final answer (such \
+             pairs earn the same reward, so give no intra-tree credit).\n"
+        );
+        let _ = writeln!(
+            r,
+            "| arm | step | fork depth | leaf depth | own tokens | same answer |"
+        );
+        let _ = writeln!(r, "|---|---|---|---|---|---|");
+        for (arm, a) in branched {
+            for st in &a.steps {
+                let _ = writeln!(
+                    r,
+                    "| {} | {} | {} | {} | {} | {} |",
+                    arm.name(),
+                    st.step,
+                    opt(st.fork_depth_mean),
+                    opt(st.leaf_depth_mean),
+                    opt(st.own_token_share),
+                    opt(st.answer_agreement)
+                );
+            }
+        }
+    }
     r
 }
 

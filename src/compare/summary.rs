@@ -38,6 +38,19 @@ pub struct StepSignal {
     pub intra_abs_mean: Option<f64>,
     /// Mean |inter-tree advantage|.
     pub inter_abs_mean: f64,
+    /// Mean agent steps before a fork ([`BranchingStats`](crate::rollout::BranchingStats); `None` for chains and
+    /// logs before it was recorded, as are the three below).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fork_depth_mean: Option<f64>,
+    /// Mean agent steps of a branched tree's leaf.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaf_depth_mean: Option<f64>,
+    /// Mean share of a leaf's tokens after what it shares with a sibling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_token_share: Option<f64>,
+    /// Share of sibling leaf pairs that gave the same final answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_agreement: Option<f64>,
 }
 
 /// One arm's results.
@@ -150,6 +163,10 @@ fn arm_summary(seeds: Vec<u64>, logs: &[Vec<StepLog>], start: f64) -> ArmSummary
                 mixed_tree_share: signal(&|l| l.signal.and_then(|s| s.mixed_tree_share)),
                 intra_abs_mean: signal(&|l| l.signal.and_then(|s| s.intra_abs_mean)),
                 inter_abs_mean: signal(&|l| l.signal.map(|s| s.inter_abs_mean)).unwrap_or(0.0),
+                fork_depth_mean: signal(&|l| l.branching.map(|b| b.fork_depth_mean)),
+                leaf_depth_mean: signal(&|l| l.branching.map(|b| b.leaf_depth_mean)),
+                own_token_share: signal(&|l| l.branching.map(|b| b.own_token_share)),
+                answer_agreement: signal(&|l| l.branching.map(|b| b.answer_agreement)),
             }
         })
         .collect();

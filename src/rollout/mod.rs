@@ -13,6 +13,8 @@
 //! - `context`: what every task of a run shares (engine, environment, budget, live
 //!   sequences).
 //! - `branch`: one branch of a tree through the shared agent loop.
+//! - [`branching`]: where a step's branches fork and how far apart they end
+//!   ([`BranchingStats`]).
 //! - [`sampler`]: the tree sampler (M trees, N branches, L rounds, K kept) and the
 //!   chain baseline, with fork-based prefix reuse or reference-style recomputation.
 //! - [`export`]: advantages and per-leaf records from finished trees.
@@ -22,6 +24,7 @@
 //! - [`output`]: the run's files written as prompts finish, and `forest.jsonl` read back.
 
 mod branch;
+pub mod branching;
 pub mod config;
 mod context;
 pub mod cost;
@@ -37,6 +40,7 @@ pub mod select;
 pub mod summary;
 pub mod trajectory;
 
+pub use branching::BranchingStats;
 pub use config::{TreeConfig, TreeConfigError, TreeOptions, TreeShape};
 pub use cost::ForestCost;
 pub use demo::{demonstrate, demonstrations};

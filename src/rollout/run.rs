@@ -19,6 +19,7 @@ use crate::env::{Environment, QaSample};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
+use super::branching::BranchingStats;
 use super::config::TreeConfig;
 use super::context::SamplerContext;
 use super::cost::ForestCost;
@@ -453,5 +454,6 @@ fn summarize(
         interrupted,
         shared_prefix,
         forests,
+        branching: BranchingStats::of_records(records),
     }
 }

@@ -9,6 +9,7 @@ use crate::advantage::AdvantageMode;
 use crate::engine::WeightVersion;
 use crate::model::Precision;
 
+use super::branching::BranchingStats;
 use super::config::TreeConfig;
 use super::cost::ForestCost;
 use super::forest::FailedBranch;
@@ -150,4 +151,7 @@ pub struct RunSummary {
     pub shared_prefix: TokenSummary,
     /// One per finished prompt, in prompt order.
     pub forests: Vec<ForestSummary>,
+    /// Where the trees' branches fork and how far apart they end (absent for chains).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub branching: Option<BranchingStats>,
 }
