@@ -146,9 +146,15 @@ fn tree_rollouts_compute_no_token_twice_and_have_one_plus_nl_leaves() {
     let model = Arc::new(LoadedModel::load(&common::default_model()).unwrap());
     let dir = tempfile::tempdir().unwrap();
     let options = RunOptions::new(AdvantageMode::Tree);
-    let (s, _, engine_computed) =
+    let (s, records, engine_computed) =
         run_with(&model, tree_config(true), 64, Some(dir.path()), options);
     assert_eq!(s.tokens.recomputed, 0);
+    // Every leaf keeps its whole grade, not only the reward: the branching stats
+    // compare siblings' answers through it.
+    for r in &records {
+        let score = r.trajectory.score.as_ref().expect("a tree leaf's score");
+        assert_eq!(score.reward, r.trajectory.reward);
+    }
     // Every token the engine computed is attributed to one forest or to the shared
     // prefix, and the per-forest figures add up to the totals.
     assert_eq!(s.tokens.computed, engine_computed);
@@ -200,6 +206,7 @@ fn tree_rollouts_compute_no_token_twice_and_have_one_plus_nl_leaves() {
             .unwrap()
             .iter()
             .filter(|n| n["terminal"] == true)
+            .inspect(|n| assert!(n["score"]["details"].is_object(), "{n}"))
             .count();
         let (n, l) = (2, 1);
         assert_eq!(leaves, 1 + n * l, "tree {}", t["tree_id"]);

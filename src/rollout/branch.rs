@@ -87,7 +87,9 @@ impl StepModel for BranchModel<'_> {
         node.obs_tokens = done.observation;
         let mut snapshot = None;
         if outcome.done {
-            node.reward = Some(self.ctx.env.score(episode).reward);
+            let score = self.ctx.env.score(episode);
+            node.reward = Some(score.reward);
+            node.score = Some(score);
         } else {
             // Compute the observation now and keep a snapshot of the node's end, so
             // later branches from here start without recomputing anything.

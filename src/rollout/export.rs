@@ -98,6 +98,7 @@ pub fn score_forest(
                 traj.push_observation(&n.obs_tokens);
             }
             traj.reward = leaf.reward.unwrap_or(0.0);
+            traj.score = leaf.score.clone();
             traj.num_turns = leaf.depth;
             records.push(TrajectoryRecord {
                 prompt_uid: tree.prompt_uid.clone(),

@@ -12,7 +12,7 @@ use std::ops::Index;
 
 use serde::{Deserialize, Serialize};
 
-use crate::env::Action;
+use crate::env::{Action, Score};
 use crate::model::TokenId;
 
 use super::cost::ForestCost;
@@ -72,6 +72,10 @@ pub struct Node {
     pub terminal: bool,
     /// The trajectory's reward, on leaves.
     pub reward: Option<f64>,
+    /// Why the leaf got its reward (answer, exact match, F1, format), on leaves.
+    /// Older tree files have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<Score>,
     /// Mean reward of the leaves below (filled in after scoring).
     pub value: Option<f64>,
     /// The leaf's advantage (leaves) or the step's value advantage (inner nodes).
@@ -93,6 +97,7 @@ impl Node {
             observation: None,
             terminal: false,
             reward: None,
+            score: None,
             value: None,
             advantage: None,
         }
