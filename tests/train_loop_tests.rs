@@ -393,18 +393,40 @@ fn warm_start_then_rl(m: &Arc<LoadedModel>, schedule: Schedule, out: &Path) -> R
     )
     .unwrap();
     let lines = Arc::new(Mutex::new(Vec::new()));
-    let seen = lines.clone();
+    let waves = Arc::new(Mutex::new(Vec::new()));
+    let (seen, seen_waves) = (lines.clone(), waves.clone());
     let outcome = rt
         .block_on(run.run(
             Arc::new(StopSignal::default()),
             Box::new(move |e| {
-                if let LoopEvent::Step(l) = e {
-                    seen.lock().unwrap().push(l.clone());
+                match e {
+                    LoopEvent::Step(l) => seen.lock().unwrap().push(l.clone()),
+                    LoopEvent::Rollout {
+                        step,
+                        wave,
+                        progress,
+                    } => seen_waves
+                        .lock()
+                        .unwrap()
+                        .push((step, wave, progress.prompts_done)),
+                    _ => {}
                 }
             }),
         ))
         .unwrap();
     assert_eq!(outcome, LoopOutcome::Finished { steps });
+    // Every step's rollout announces its wave before any prompt finishes (the
+    // display's clock starts there), then counts its prompts up to all of them.
+    let waves = waves.lock().unwrap();
+    for step in 1..=steps {
+        let events: Vec<_> = waves.iter().filter(|e| e.0 == step).collect();
+        assert_eq!(events.first(), Some(&&(step, 1, 0)), "{waves:?}");
+        assert_eq!(events.last().map(|e| e.2), Some(prompts_per_step));
+        assert!(
+            events.windows(2).all(|w| w[1].2 == w[0].2 + 1),
+            "{events:?}"
+        );
+    }
     let lines = lines.lock().unwrap();
     assert_eq!(
         lines[0].eval_reward,

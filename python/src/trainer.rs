@@ -284,9 +284,14 @@ fn report(callback: &Py<PyAny>, e: &LoopEvent<'_>) {
         let call = || -> PyResult<()> {
             let d = PyDict::new(py);
             match e {
-                LoopEvent::Rollout { step, progress } => {
+                LoopEvent::Rollout {
+                    step,
+                    wave,
+                    progress,
+                } => {
                     d.set_item("event", "rollout")?;
                     d.set_item("step", step)?;
+                    d.set_item("wave", wave)?;
                     d.set_item("prompts_done", progress.prompts_done)?;
                     d.set_item("prompts", progress.prompts)?;
                 }

@@ -334,7 +334,8 @@ pub(crate) struct TrainView {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    Rollout,
+    /// A wave of the step's rollouts (1-based; a budgeted step may run several).
+    Rollout(usize),
     Update,
 }
 
@@ -353,7 +354,7 @@ impl TrainView {
         TrainView {
             steps: bar,
             phase,
-            showing: Some((done + 1, Phase::Rollout)),
+            showing: Some((done + 1, Phase::Rollout(1))),
             last_step: steps,
             prompts_per_step: prompts,
         }
@@ -366,8 +367,13 @@ impl TrainView {
         }
         self.showing = Some((step, phase));
         match phase {
-            Phase::Rollout => self.phase.restart(
+            Phase::Rollout(1) => self.phase.restart(
                 &format!("step {step} rollout"),
+                "prompts",
+                self.prompts_per_step,
+            ),
+            Phase::Rollout(wave) => self.phase.restart(
+                &format!("step {step} rollout, wave {wave}"),
                 "prompts",
                 self.prompts_per_step,
             ),
@@ -379,8 +385,12 @@ impl TrainView {
 
     pub(crate) fn show(&mut self, e: LoopEvent<'_>) {
         match e {
-            LoopEvent::Rollout { step, progress: p } => {
-                self.start(step, Phase::Rollout);
+            LoopEvent::Rollout {
+                step,
+                wave,
+                progress: p,
+            } => {
+                self.start(step, Phase::Rollout(wave));
                 self.phase.set_length(p.prompts as u64);
                 let message = super::rollout::rollout_message(&p);
                 self.phase.update(p.prompts_done as u64, message);
@@ -404,7 +414,7 @@ impl TrainView {
                     self.steps.update(line.step, message);
                 }
                 if line.step < self.last_step {
-                    self.start(line.step + 1, Phase::Rollout);
+                    self.start(line.step + 1, Phase::Rollout(1));
                 }
             }
             LoopEvent::Checkpoint { .. } => {}

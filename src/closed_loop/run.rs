@@ -26,7 +26,7 @@ use super::eval::evaluate;
 use super::log::{LogFile, StepLog};
 use super::record::{RunRecord, RunSource};
 use super::samples::train_sample;
-use super::step_rollout::{step_allowance, step_rollouts, StepRequest};
+use super::step_rollout::{step_allowance, step_rollouts, StepRequest, WaveStart};
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::model::{LoadedModel, Model};
@@ -54,11 +54,14 @@ pub struct LoopState {
 /// Something the loop reports while it runs (for progress displays).
 #[derive(Debug)]
 pub enum LoopEvent<'a> {
-    /// A prompt of step `step`'s rollout finished.
+    /// A wave of step `step`'s rollouts started (`prompts_done` 0), or one of its
+    /// prompts finished. A budgeted step runs several waves, each counting from 0.
     Rollout {
         /// The step whose rollouts are running (1-based).
         step: u64,
-        /// Prompts done so far, rollouts and tokens, seconds.
+        /// The step's wave (1-based; see [`crate::closed_loop::step_rollout`]).
+        wave: usize,
+        /// Prompts done so far, rollouts and tokens, seconds, within the wave.
         progress: Progress,
     },
     /// A micro-batch of step `step`'s update finished.
@@ -469,14 +472,30 @@ impl TrainRun {
                     .step_budget
                     .map(|budget| step_allowance(budget, step, self.state.cumulative_computed)),
             };
-            let mut hooks = |_wave: usize| {
+            let mut hooks = |start: WaveStart| {
+                let wave = start.wave;
+                (events.lock().expect("an event callback panicked"))(LoopEvent::Rollout {
+                    step,
+                    wave,
+                    progress: Progress {
+                        prompts_done: 0,
+                        prompts: start.prompts,
+                        rollouts: 0,
+                        computed_tokens: 0,
+                        seconds: 0.0,
+                    },
+                });
                 let progress_events = events.clone();
                 let stop_rollout = stop.clone();
                 RunHooks {
                     output: None,
                     progress: Some(Box::new(move |progress| {
                         (progress_events.lock().expect("an event callback panicked"))(
-                            LoopEvent::Rollout { step, progress },
+                            LoopEvent::Rollout {
+                                step,
+                                wave,
+                                progress,
+                            },
                         )
                     })),
                     interrupt: Some(Box::pin(async move { stop_rollout.raised().await })),

@@ -194,10 +194,19 @@ pub struct StepRequest<'a> {
 }
 
 /// What each wave is given to report progress and to stop early.
-pub type WaveHooks<'a> = dyn FnMut(usize) -> RunHooks + Send + 'a;
+pub type WaveHooks<'a> = dyn FnMut(WaveStart) -> RunHooks + Send + 'a;
 
-/// Runs the step's rollouts (see the module doc); `hooks(wave)` gives each wave's
-/// progress callback and interrupt.
+/// A wave about to run, for its progress display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaveStart {
+    /// 1 for the step's first wave.
+    pub wave: usize,
+    /// Prompts it grows trees for.
+    pub prompts: usize,
+}
+
+/// Runs the step's rollouts (see the module doc); `hooks` is called as each wave
+/// starts and gives its progress callback and interrupt.
 pub async fn step_rollouts(
     req: StepRequest<'_>,
     hooks: &mut WaveHooks<'_>,
@@ -258,7 +267,15 @@ pub async fn step_rollouts(
                 prompt_offset: 0,
             },
         };
-        let result = run_rollout(req.engine.clone(), request, hooks(out.waves)).await?;
+        let result = run_rollout(
+            req.engine.clone(),
+            request,
+            hooks(WaveStart {
+                wave: out.waves + 1,
+                prompts: w.prompts,
+            }),
+        )
+        .await?;
         out.waves += 1;
         if result.summary.interrupted {
             out.interrupted = true;

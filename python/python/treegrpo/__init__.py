@@ -191,7 +191,14 @@ class Trainer:
 
     def run(self, progress: Optional[Callable[[Dict[str, Any]], None]] = None) -> List[Dict[str, Any]]:
         """Runs the remaining steps; returns every step's ``log.jsonl`` line. Ctrl-C
-        stops at the next point that loses nothing, then raises KeyboardInterrupt."""
+        stops at the next point that loses nothing, then raises KeyboardInterrupt.
+
+        ``progress`` gets a dict per event: ``{"event": "rollout", "step", "wave",
+        "prompts_done", "prompts"}`` as each rollout wave starts (``prompts_done``
+        0; a step under a token budget runs several waves) and as each prompt
+        finishes; ``"update"`` (``micro_batches_done``, ``micro_batches``),
+        ``"evaluating"``, ``"step"`` (``line``: the log line) and ``"checkpoint"``
+        (``dir``)."""
         return self._inner.run(progress)
 
     def resume(self) -> int:
