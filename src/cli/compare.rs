@@ -24,8 +24,12 @@ pub struct CompareArgs {
     #[command(flatten)]
     pub source: TaskFlags,
     /// Arms, comma-separated: tree[-inter|-intra|-2norm][-M-N-L] or chain[-G]
-    /// (`tree` is (2,2,1) with intra + inter advantages, `chain` 4 chains with GRPO).
-    #[arg(long, default_value = "tree,chain,tree-inter,tree-intra,tree-2-4-1")]
+    /// (`tree` is (2,2,1) with intra + inter advantages, `chain` 4 chains with GRPO),
+    /// a trailing -entropy to expand the most uncertain boundaries.
+    #[arg(
+        long,
+        default_value = "tree,chain,tree-inter,tree-intra,tree-2-4-1,tree-entropy"
+    )]
     pub arms: String,
     /// Seeds of the arms in --full-seed-arms (the others run one).
     #[arg(long, default_value_t = 3)]
@@ -36,7 +40,8 @@ pub struct CompareArgs {
     /// The first rollout seed (seed k of an arm uses seed + k).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    #[arg(long, default_value_t = 4)]
+    /// Training steps of every run (a rerun with more extends a finished comparison).
+    #[arg(long, default_value_t = 6)]
     pub steps: u64,
     /// Prompts of each step, the same for every arm.
     #[arg(long, default_value_t = 8)]
