@@ -125,9 +125,12 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
     assert!(report.contains("| tree-1-2-1 | 1 |"), "the branching table");
     for step in s["arms"]["tree-1-2-1"]["steps"].as_array().unwrap() {
         assert!(step["fork_depth_mean"].is_number(), "{step}");
+        let identical = step["identical_leaf_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&identical), "{step}");
     }
     for step in s["arms"]["chain-2"]["steps"].as_array().unwrap() {
         assert!(step.get("fork_depth_mean").is_none(), "{step}");
+        assert!(step.get("identical_leaf_share").is_none(), "{step}");
     }
     assert_eq!(s["task"], "calc");
     assert_eq!(s["eval_questions"], 2);

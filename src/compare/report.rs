@@ -119,24 +119,27 @@ pub fn report(plan: &ComparePlan, s: &Summary) -> String {
             "Fork depth: agent steps the branches share before they part; own tokens: the \
              share of a leaf's response after the longest prefix it shares with a sibling; \
              same answer: the share of sibling pairs that gave the same final answer (such \
-             pairs earn the same reward, so give no intra-tree credit).\n"
+             pairs earn the same reward, so give no intra-tree credit); identical: the share of \
+             leaves equal to a sibling token for token (a tree of identical leaves is a \
+             chain that cost less).\n"
         );
         let _ = writeln!(
             r,
-            "| arm | step | fork depth | leaf depth | own tokens | same answer |"
+            "| arm | step | fork depth | leaf depth | own tokens | same answer | identical |"
         );
-        let _ = writeln!(r, "|---|---|---|---|---|---|");
+        let _ = writeln!(r, "|---|---|---|---|---|---|---|");
         for (arm, a) in branched {
             for st in &a.steps {
                 let _ = writeln!(
                     r,
-                    "| {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} |",
                     arm.name(),
                     st.step,
                     opt(st.fork_depth_mean),
                     opt(st.leaf_depth_mean),
                     opt(st.own_token_share),
-                    opt(st.answer_agreement)
+                    opt(st.answer_agreement),
+                    opt(st.identical_leaf_share)
                 );
             }
         }

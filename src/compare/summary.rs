@@ -51,6 +51,9 @@ pub struct StepSignal {
     /// Share of sibling leaf pairs that gave the same final answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answer_agreement: Option<f64>,
+    /// Share of a branched tree's leaves equal to a sibling token for token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identical_leaf_share: Option<f64>,
 }
 
 /// One arm's results.
@@ -167,6 +170,7 @@ fn arm_summary(seeds: Vec<u64>, logs: &[Vec<StepLog>], start: f64) -> ArmSummary
                 leaf_depth_mean: signal(&|l| l.branching.map(|b| b.leaf_depth_mean)),
                 own_token_share: signal(&|l| l.branching.map(|b| b.own_token_share)),
                 answer_agreement: signal(&|l| l.branching.map(|b| b.answer_agreement)),
+                identical_leaf_share: signal(&|l| l.branching.map(|b| b.identical_leaf_share)),
             }
         })
         .collect();
