@@ -39,7 +39,7 @@ pub struct StepSignal {
     /// Mean |inter-tree advantage|.
     pub inter_abs_mean: f64,
     /// Mean agent steps before a fork ([`BranchingStats`](crate::rollout::BranchingStats); `None` for chains and
-    /// logs before it was recorded, as are the three below).
+    /// logs before it was recorded, as are the four below).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork_depth_mean: Option<f64>,
     /// Mean agent steps of a branched tree's leaf.
