@@ -168,6 +168,7 @@ impl Run {
                 let params = GenParams {
                     penalties: treegrpo::engine::Penalties::NONE,
                     top_logprobs: 0,
+                    boost: None,
                     sampling,
                     max_new_tokens: rng.range(1, 10).min(room),
                     stop_tokens: Vec::new(),

@@ -102,6 +102,7 @@ fn sampling(seed: u64) -> GenParams {
     GenParams {
         penalties: treegrpo::engine::Penalties::NONE,
         top_logprobs: 0,
+        boost: None,
         sampling: Sampling::Random {
             min_p: None,
             temperature: 0.9,

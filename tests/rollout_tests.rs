@@ -34,6 +34,7 @@ fn tree_config(prefix_reuse: bool) -> TreeConfig {
         max_step_tokens: 40,
         seed: 7,
         prefix_reuse,
+        branch_sampling: None,
     }
 }
 

@@ -98,6 +98,7 @@ fn loop_config() -> LoopConfig {
         step_budget: None,
         eval_every_tokens: 0,
         eval_before: true,
+        boosted_tokens: Default::default(),
         steps: 2,
         prompts_per_step: 8,
         tree,

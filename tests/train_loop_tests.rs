@@ -144,6 +144,7 @@ fn loop_config(
         step_budget: None,
         eval_every_tokens: 0,
         eval_before: true,
+        boosted_tokens: Default::default(),
         steps,
         prompts_per_step: prompts,
         tree,
@@ -208,6 +209,7 @@ fn a_run_stopped_after_a_step_and_resumed_writes_the_uninterrupted_log() {
         step_budget: None,
         eval_every_tokens: 0,
         eval_before: true,
+        boosted_tokens: Default::default(),
         kl_reference: KlReference::Start,
         ..small_config(3)
     };
@@ -365,6 +367,7 @@ fn warm_start_then_rl(m: &Arc<LoadedModel>, schedule: Schedule, out: &Path) -> R
         step_budget: None,
         eval_every_tokens: 0,
         eval_before: true,
+        boosted_tokens: Default::default(),
         eval_every: 4,
         ..loop_config(
             steps,

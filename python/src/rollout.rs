@@ -42,6 +42,7 @@ pub(crate) fn tree_config(
     seed: u64,
     max_step_tokens: usize,
     temperature: f64,
+    branch_sampling: Option<&str>,
 ) -> PyResult<TreeConfig> {
     TreeOptions {
         trees,
@@ -53,6 +54,7 @@ pub(crate) fn tree_config(
         temperature: temperature as f32,
         max_step_tokens,
         seed,
+        branch_sampling: branch_sampling.map(str::to_string),
     }
     .config()
     .map_err(|e| value_error(e.to_string()))
@@ -182,7 +184,7 @@ fn task_samples(samples: &Bound<'_, PyAny>) -> PyResult<Vec<QaSample>> {
 #[pyo3(signature = (
     engine, env, samples, *, trees=2, expand=2, rounds=1, keep=None, select="paper",
     chains=None, seed=0, advantage=None, max_turns=3, max_step_tokens=256, temperature=1.0,
-    token_budget=None, max_concurrent_prompts=16, env_timeout=30.0, prompt_offset=0,
+    branch_sampling=None, token_budget=None, max_concurrent_prompts=16, env_timeout=30.0, prompt_offset=0,
     event_loop=None, progress=None
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -202,6 +204,7 @@ pub fn rollout<'py>(
     max_turns: usize,
     max_step_tokens: usize,
     temperature: f64,
+    branch_sampling: Option<&str>,
     token_budget: Option<u64>,
     max_concurrent_prompts: usize,
     env_timeout: f64,
@@ -219,6 +222,7 @@ pub fn rollout<'py>(
         seed,
         max_step_tokens,
         temperature,
+        branch_sampling,
     )?;
     let advantage = match advantage {
         Some(a) => parse::<AdvantageMode>("advantage", a)?,

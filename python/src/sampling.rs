@@ -104,6 +104,7 @@ impl SamplingArgs {
             seed: vec![self.seed.unwrap_or(default_seed), index],
             penalties,
             top_logprobs: x.logprobs,
+            boost: None,
         };
         // The library's rule for what the constructors above do not see (at least
         // one token, at most 20 alternatives): the server's words exactly.

@@ -70,7 +70,7 @@ impl Trainer {
         engine, env, out_dir, *, train=None, test=None, steps=4, prompts_per_step=8,
         trees=2, expand=2, rounds=1, keep=None, select="paper", chains=None, seed=0,
         advantage=None, max_turns=3, max_step_tokens=256, temperature=1.0,
-        concurrent_prompts=16, eval_every=0, eval_prompts=20, checkpoint_every=1,
+        branch_sampling=None, boosted_tokens="corrected", concurrent_prompts=16, eval_every=0, eval_prompts=20, checkpoint_every=1,
         serve_format="f32", kl_reference="previous", env_timeout=30.0, event_loop=None,
         **update_options
     ))]
@@ -95,6 +95,8 @@ impl Trainer {
         max_turns: usize,
         max_step_tokens: usize,
         temperature: f64,
+        branch_sampling: Option<&str>,
+        boosted_tokens: &str,
         concurrent_prompts: usize,
         eval_every: u64,
         eval_prompts: usize,
@@ -118,7 +120,9 @@ impl Trainer {
             seed,
             max_step_tokens,
             temperature,
+            branch_sampling,
         )?;
+        let boosted_tokens = parse("boosted_tokens", boosted_tokens)?;
         let advantage = match advantage {
             Some(a) => parse("advantage", a)?,
             None => tree.default_advantage(),
@@ -173,6 +177,7 @@ impl Trainer {
             step_budget: None,
             eval_every_tokens: 0,
             eval_before: true,
+            boosted_tokens,
             steps,
             prompts_per_step,
             tree,

@@ -115,6 +115,7 @@ impl BenchMode {
             max_step_tokens: settings.max_step_tokens,
             seed: settings.seed,
             prefix_reuse: self.prefix_reuse,
+            branch_sampling: None,
         }
     }
 }

@@ -82,6 +82,12 @@ pub struct TreeFlags {
     /// included) or entropy (the boundaries whose next step was most uncertain).
     #[arg(long, default_value = "paper")]
     pub select: Selection,
+    /// Draw each branch's first tokens from a wider distribution (diversity at the
+    /// fork; root chains never): a spec — t<T> temperature, k<K> top-k, p<P> top-p,
+    /// n<N> first tokens (default 1) or s the whole first step, q<Q> the probability
+    /// a branch is boosted — e.g. t2, t1.5p0.95s, or treerl (= t5k16q0.5).
+    #[arg(long, value_name = "SPEC")]
+    pub branch_sampling: Option<String>,
     #[command(flatten)]
     pub step: StepFlags,
 }
@@ -115,6 +121,7 @@ impl TreeFlags {
             temperature: self.step.temperature,
             max_step_tokens: self.step.max_step_tokens,
             seed: self.step.seed,
+            branch_sampling: self.branch_sampling.clone(),
         }
         .config()
     }

@@ -9,8 +9,8 @@ use candle_core::DType;
 use clap::{Args, ValueEnum};
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::closed_loop::{
-    run_warm_start, LoopConfig, LoopEvent, LoopOutcome, RunSource, RunStart, SftConfig, StepLog,
-    StopSignal, TrainRun, WarmStartConfig, WarmStartInputs,
+    run_warm_start, BoostedTokens, LoopConfig, LoopEvent, LoopOutcome, RunSource, RunStart,
+    SftConfig, StepLog, StopSignal, TrainRun, WarmStartConfig, WarmStartInputs,
 };
 use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::{Environment, QaSample, Split};
@@ -58,6 +58,11 @@ pub struct TrainArgs {
     pub advantage: Option<AdvantageMode>,
     #[command(flatten)]
     pub update: UpdateFlags,
+    /// What the update does with tokens drawn from `--branch-sampling`'s boost:
+    /// corrected (importance-weighted against the distribution they were drawn
+    /// from, capped at --tis-cap) or masked (left out of the loss).
+    #[arg(long, default_value = "corrected")]
+    pub boosted_tokens: BoostedTokens,
     /// Warm-start first: supervised steps on the oracle's demonstrations of the first N
     /// training questions (0: none), so the policy writes the step format RL needs.
     #[arg(long, default_value_t = 0)]
@@ -165,6 +170,7 @@ fn loop_config(a: &TrainArgs) -> anyhow::Result<LoopConfig> {
         step_budget: None,
         eval_every_tokens: 0,
         eval_before: true,
+        boosted_tokens: a.boosted_tokens,
         steps: a.steps,
         prompts_per_step: a.prompts_per_step,
         advantage: a.advantage.unwrap_or(tree.default_advantage()),

@@ -3,6 +3,7 @@
 //! the KL reference. A leaf of the layer: the loop (`run.rs`) and the run record
 //! (`record.rs`) both read it.
 
+use super::samples::BoostedTokens;
 use crate::advantage::AdvantageMode;
 use crate::model::kernels::WeightFormat;
 use crate::rollout::TreeConfig;
@@ -49,4 +50,7 @@ pub struct LoopConfig {
     /// Evaluate before the first step (a comparison of runs from one start evaluates
     /// it once instead).
     pub eval_before: bool,
+    /// What the update does with tokens drawn from the tree's branch sampling
+    /// (importance-corrected, or masked out of the loss).
+    pub boosted_tokens: BoostedTokens,
 }

@@ -37,6 +37,7 @@ pub use record::{
     WARM_START_FILE,
 };
 pub use run::{checkpoint_dir, EventFn, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun};
+pub use samples::BoostedTokens;
 pub use sft::{run_sft, sft_sample, warm_start, SftConfig, SftStepLog, WarmStart};
 pub use start::RunStart;
 pub use warm::{

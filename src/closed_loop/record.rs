@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::LoopConfig;
 use super::error::LoopError;
+use super::samples::BoostedTokens;
 use super::sft::SftStepLog;
 use crate::advantage::AdvantageMode;
 use crate::env::Task;
@@ -77,6 +78,10 @@ pub struct RunRecord {
     /// absent for runs without a budget and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_budget: Option<u64>,
+    /// What the update did with tokens drawn from the branch sampling (older
+    /// records: corrected, the only treatment there was).
+    #[serde(default)]
+    pub boosted_tokens: BoostedTokens,
 }
 
 impl RunRecord {
@@ -95,6 +100,7 @@ impl RunRecord {
             optimizer: *optimizer,
             kl_reference: config.kl_reference,
             step_budget: config.step_budget,
+            boosted_tokens: config.boosted_tokens,
         }
     }
 

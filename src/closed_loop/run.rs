@@ -25,7 +25,7 @@ use super::error::LoopError;
 use super::eval::evaluate;
 use super::log::{LogFile, StepLog};
 use super::record::{RunRecord, RunSource};
-use super::samples::train_sample;
+use super::samples::{train_sample, BoostedTokens};
 use super::step_rollout::{step_allowance, step_rollouts, StepRequest, WaveStart};
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
@@ -198,10 +198,10 @@ fn step_samples(train: &[QaSample], step: u64, n: usize) -> Vec<QaSample> {
 }
 
 /// A rollout's leaves as update samples.
-fn train_samples(records: &[TrajectoryRecord]) -> Vec<TrainSample> {
+fn train_samples(records: &[TrajectoryRecord], boosted: BoostedTokens) -> Vec<TrainSample> {
     records
         .iter()
-        .map(|r| train_sample(&r.trajectory, r.advantage, true))
+        .map(|r| train_sample(&r.trajectory, r.advantage, Some(boosted)))
         .collect()
 }
 
@@ -510,7 +510,7 @@ impl TrainRun {
             let rollout_seconds = t0.elapsed().as_secs_f64();
 
             // One update on them (after the frozen reference scored them, if kept).
-            let mut samples = train_samples(&result.records);
+            let mut samples = train_samples(&result.records, self.config.boosted_tokens);
             let mut update_cfg = self.config.update;
             update_cfg.temperature = self.config.tree.sampling.logprob_temperature();
             let t_reference = Instant::now();

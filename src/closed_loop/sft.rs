@@ -69,7 +69,7 @@ pub struct SftStepLog {
 /// A demonstration as a training sample: every model token is a loss token with
 /// advantage 1, observations masked out.
 pub fn sft_sample(demo: &Trajectory) -> TrainSample {
-    train_sample(demo, 1.0, false)
+    train_sample(demo, 1.0, None)
 }
 
 /// The update settings under which a policy-gradient step is an NLL step.

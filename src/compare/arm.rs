@@ -9,6 +9,11 @@
 //! - A trailing `-entropy` (`tree-entropy`, `tree-2-4-1-entropy`) expands the step
 //!   boundaries whose next step was most uncertain instead of random ones
 //!   ([`Selection::Entropy`]).
+//! - A trailing `-b<spec>` draws each branch's first tokens from a wider distribution
+//!   ([`BranchSampling`]: `tree-bt2`, `tree-bt1.5p0.95s`); `-treerl` is TreeRL's
+//!   preset (`tree-treerl` = `tree-bt5k16q0.5`). A further `-mask` leaves the boosted
+//!   tokens out of the loss instead of importance-weighting them
+//!   ([`BoostedTokens::Masked`]). The suffixes come last, in any order.
 //!
 //! Under the step budget the number of trees (chains) per prompt is the budget's: the
 //! first wave grows one on every prompt and later waves add more until the budget is
@@ -21,7 +26,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::ArmError;
 use crate::advantage::AdvantageMode;
-use crate::rollout::{Selection, TreeShape};
+use crate::closed_loop::BoostedTokens;
+use crate::rollout::{BranchSampling, Selection, TreeShape};
 
 /// The default tree shape (M, N, L).
 const TREE: (usize, usize, usize) = (2, 2, 1);
@@ -29,7 +35,7 @@ const TREE: (usize, usize, usize) = (2, 2, 1);
 const CHAINS: usize = 4;
 
 /// One arm (see the module doc); it reads and prints as its name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Arm {
     name: String,
@@ -37,6 +43,10 @@ pub struct Arm {
     pub shape: TreeShape,
     /// The advantage mode.
     pub advantage: AdvantageMode,
+    /// How branches' first tokens are drawn (`None`: as every other token).
+    pub branch_sampling: Option<BranchSampling>,
+    /// What the update does with the boosted tokens.
+    pub boosted_tokens: BoostedTokens,
 }
 
 impl Arm {
@@ -60,7 +70,34 @@ impl FromStr for Arm {
     type Err = ArmError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let parts: Vec<&str> = s.split('-').collect();
+        let mut parts: Vec<&str> = s.split('-').collect();
+        // The branch sampling suffixes, last and in any order.
+        let (mut branch_sampling, mut boosted_tokens) = (None, BoostedTokens::Corrected);
+        let mut suffixed = false;
+        while parts.len() > 1 {
+            let last = parts[parts.len() - 1];
+            if last == "mask" {
+                boosted_tokens = BoostedTokens::Masked;
+            } else if last == "treerl" {
+                branch_sampling = Some(BranchSampling::treerl());
+            } else if let Some(spec) = last.strip_prefix('b') {
+                let b = spec.parse().map_err(|source| ArmError::BranchSampling {
+                    arm: s.to_string(),
+                    source,
+                })?;
+                branch_sampling = Some(b);
+            } else {
+                break;
+            }
+            suffixed = true;
+            parts.pop();
+        }
+        if parts[0] == "chain" && suffixed {
+            return Err(ArmError::ChainBranches(s.to_string()));
+        }
+        if boosted_tokens == BoostedTokens::Masked && branch_sampling.is_none() {
+            return Err(ArmError::Shape(s.to_string()));
+        }
         let (shape, advantage) = match parts.as_slice() {
             ["chain", rest @ ..] => {
                 let g = match numbers(s, rest)?.as_slice() {
@@ -92,6 +129,8 @@ impl FromStr for Arm {
             name: s.to_string(),
             shape,
             advantage,
+            branch_sampling,
+            boosted_tokens,
         })
     }
 }
@@ -171,5 +210,40 @@ mod tests {
         ));
         assert_eq!(parse_arms("tree, chain").unwrap().len(), 2);
         assert!(matches!(parse_arms("tree,tree"), Err(ArmError::Twice(_))));
+    }
+
+    #[test]
+    fn branch_sampling_suffixes_come_last_in_any_order() {
+        let a: Arm = "tree-inter-treerl".parse().unwrap();
+        assert_eq!(
+            (a.advantage, a.branch_sampling, a.boosted_tokens),
+            (
+                AdvantageMode::Inter,
+                Some(BranchSampling::treerl()),
+                BoostedTokens::Corrected
+            )
+        );
+        let a: Arm = "tree-2-4-1-entropy-bt1.5p0.95s-mask".parse().unwrap();
+        assert_eq!(
+            (a.shape.expand, a.shape.selection, a.boosted_tokens),
+            (4, Selection::Entropy, BoostedTokens::Masked)
+        );
+        assert_eq!(a.branch_sampling.unwrap().to_string(), "t1.5p0.95s");
+        let b: Arm = "tree-mask-bt2".parse().unwrap();
+        assert_eq!(b.branch_sampling.unwrap().to_string(), "t2");
+        assert_eq!("tree".parse::<Arm>().unwrap().branch_sampling, None);
+        assert!(matches!(
+            "chain-treerl".parse::<Arm>(),
+            Err(ArmError::ChainBranches(_))
+        ));
+        assert!(matches!(
+            "tree-bx2".parse::<Arm>(),
+            Err(ArmError::BranchSampling { .. })
+        ));
+        // Masking needs something boosted to mask.
+        assert!(matches!(
+            "tree-mask".parse::<Arm>(),
+            Err(ArmError::Shape(_))
+        ));
     }
 }

@@ -59,13 +59,25 @@ pub enum CompareError {
 }
 
 /// An arm name that does not parse.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ArmError {
     /// Not `tree…` or `chain…`.
     #[error(
-        "unknown arm '{0}': arms are tree[-inter|-intra|-2norm][-M-N-L][-entropy] or chain[-G]"
+        "unknown arm '{0}': arms are tree[-inter|-intra|-2norm][-M-N-L][-entropy][-b<spec>|-treerl][-mask] or chain[-G]"
     )]
     Unknown(String),
+    /// A `-b<spec>` suffix whose branch sampling spec does not read.
+    #[error("arm '{arm}': {source}")]
+    BranchSampling {
+        /// The arm's name.
+        arm: String,
+        /// Why the spec is refused.
+        source: crate::rollout::BranchSamplingError,
+    },
+    /// A chain arm with a branch sampling or boosted-token suffix (chains have no
+    /// branches).
+    #[error("arm '{0}': chains have no branches, so no branch sampling (-b…, -treerl, -mask)")]
+    ChainBranches(String),
     /// A shape part that is not a positive number.
     #[error("arm '{0}': the shape must be positive numbers (tree-M-N-L, chain-G)")]
     Shape(String),

@@ -196,6 +196,7 @@ fn loop_config(plan: &ComparePlan, arm: &Arm, k: usize) -> Result<LoopConfig, Co
         temperature: plan.temperature,
         max_step_tokens: plan.max_step_tokens,
         seed: plan.seed + k as u64,
+        branch_sampling: arm.branch_sampling.map(|b| b.to_string()),
     }
     .config()
     .map_err(|e| CompareError::Loop(crate::rollout::RolloutError::from(e).into()))?;
@@ -217,6 +218,7 @@ fn loop_config(plan: &ComparePlan, arm: &Arm, k: usize) -> Result<LoopConfig, Co
         eval_every_tokens: plan.eval_every_tokens,
         // The shared start's evaluation is every run's first point.
         eval_before: false,
+        boosted_tokens: arm.boosted_tokens,
     })
 }
 

@@ -36,8 +36,18 @@ use super::stop::{GenParams, StopReason};
 pub struct Generation {
     /// The generated token ids, in order (a stop token that ended it is not among them).
     pub tokens: Vec<TokenId>,
-    /// Natural-log probability of each token under the sampling distribution.
+    /// Natural-log probability of each token under the policy: the generation's
+    /// sampling temperature, the whole vocabulary (see [`super::sampling`]).
     pub logprobs: Vec<f32>,
+    /// Natural-log probability of each token under the distribution it was drawn
+    /// from (truncation and renormalisation included; a boosted token's at its
+    /// boost): what an importance weight divides by.
+    pub behaviour_logprobs: Vec<f32>,
+    /// How many of the first tokens were drawn from the params' [`BoostedStart`]
+    /// (0 without one).
+    ///
+    /// [`BoostedStart`]: super::sampling::BoostedStart
+    pub boosted: usize,
     /// Why it ended.
     pub stop: StopReason,
     /// The weights every token of it was sampled under (see [`super::weights`]).
@@ -56,6 +66,7 @@ pub(super) struct GenState {
     pub(super) rng: SeqRng,
     pub(super) tokens: Vec<TokenId>,
     pub(super) logprobs: Vec<f32>,
+    pub(super) behaviour_logprobs: Vec<f32>,
     /// Alternatives of each kept token, when asked for.
     pub(super) top_logprobs: Vec<Vec<SampledToken>>,
     /// What the penalties look at; `None` when there are none.
@@ -371,6 +382,7 @@ impl EngineCore {
             rng,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            behaviour_logprobs: Vec::new(),
             top_logprobs: Vec::new(),
             history,
             preemptions: 0,

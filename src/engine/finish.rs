@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use super::core::{EngineCore, GenState, Generation};
 use super::error::EngineError;
 use super::rng::SeqRng;
-use super::sampling::{draw, DrawOptions, SampledToken};
+use super::sampling::{draw, DrawOptions, Drawn};
 use super::stop::{check_sampled, StopReason};
 use crate::kv::SeqId;
 use crate::model::team;
@@ -40,8 +40,7 @@ impl EngineCore {
                 }
             }
         }
-        type Drawn = Option<(SampledToken, Vec<SampledToken>)>;
-        let drawn: Vec<Mutex<Drawn>> = draws.iter().map(|_| Mutex::new(None)).collect();
+        let drawn: Vec<Mutex<Option<Drawn>>> = draws.iter().map(|_| Mutex::new(None)).collect();
         let draw_one = |k: usize| {
             let (i, g, rng) = &draws[k];
             let mut rng = rng.lock().unwrap_or_else(|e| e.into_inner());
@@ -49,6 +48,7 @@ impl EngineCore {
                 penalties: &g.params.penalties,
                 history: g.history.as_ref(),
                 top_logprobs: g.params.top_logprobs,
+                draw_from: g.boost_now(),
             };
             let token = draw(due[*i].1, &g.params.sampling, options, &mut rng);
             *drawn[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
@@ -59,21 +59,20 @@ impl EngineCore {
             (0..draws.len()).for_each(draw_one);
         }
         // Owned results (the draws borrow the sequences, which applying them changes).
-        let results: Vec<(usize, SeqRng, SampledToken, Vec<SampledToken>)> = draws
+        let results: Vec<(usize, SeqRng, Drawn)> = draws
             .into_iter()
             .zip(drawn)
             .map(|((i, _, rng), token)| {
                 let rng = rng.into_inner().unwrap_or_else(|e| e.into_inner());
                 let token = token.into_inner().unwrap_or_else(|e| e.into_inner());
                 // Every draw ran to the end (a panicking one re-raised in `run`).
-                let (token, top) = token.expect("a draw that did not finish");
-                (i, rng, token, top)
+                (i, rng, token.expect("a draw that did not finish"))
             })
             .collect();
         let mut results = results.into_iter().peekable();
         for (i, &(seq, _)) in due.iter().enumerate() {
             match results.next_if(|(at, ..)| *at == i) {
-                Some((_, rng, token, top)) => self.take_sampled(seq, token, top, rng)?,
+                Some((_, rng, drawn)) => self.take_sampled(seq, drawn, rng)?,
                 None => {
                     let generating = self.seqs.get(&seq).is_some_and(|s| s.generating.is_some());
                     if generating {
@@ -87,13 +86,7 @@ impl EngineCore {
 
     /// Applies a token drawn for `seq` (with its random stream after the draw): either
     /// finishes the generation or queues the token to be fed.
-    fn take_sampled(
-        &mut self,
-        seq: SeqId,
-        drawn: SampledToken,
-        top: Vec<SampledToken>,
-        rng: SeqRng,
-    ) -> Result<(), EngineError> {
+    fn take_sampled(&mut self, seq: SeqId, drawn: Drawn, rng: SeqRng) -> Result<(), EngineError> {
         let max_pos = self.model.model.config().max_position_embeddings;
         let cached = self.kv.seq_len(seq)?;
         let s = self
@@ -104,7 +97,12 @@ impl EngineCore {
             return Ok(());
         };
         g.rng = rng;
-        let SampledToken { token, logprob } = drawn;
+        let Drawn {
+            sampled,
+            behaviour_logprob,
+            top,
+        } = drawn;
+        let (token, logprob) = (sampled.token, sampled.logprob);
         self.counters.sampled += 1;
         // The sequence's length with the new token: what is cached plus what is
         // pending (the token joins the pending ones).
@@ -116,6 +114,7 @@ impl EngineCore {
         if verdict.keep {
             g.tokens.push(token);
             g.logprobs.push(logprob);
+            g.behaviour_logprobs.push(behaviour_logprob);
             if g.params.top_logprobs > 0 {
                 g.top_logprobs.push(top);
             }
@@ -123,7 +122,7 @@ impl EngineCore {
                 h.push_output(token);
             }
             if g.stream {
-                self.streamed.push((seq, SampledToken { token, logprob }));
+                self.streamed.push((seq, sampled));
             }
             s.push_sampled(token);
         }
@@ -143,11 +142,14 @@ impl EngineCore {
             .ok_or(EngineError::UnknownSequence(seq))?;
         s.runnable = false;
         if let Some(g) = s.generating.take() {
+            let boosted = g.params.boost.map_or(0, |b| b.tokens.min(g.tokens.len()));
             self.finished.push((
                 seq,
                 Ok(Generation {
                     tokens: g.tokens,
                     logprobs: g.logprobs,
+                    behaviour_logprobs: g.behaviour_logprobs,
+                    boosted,
                     stop: reason,
                     weight_version: self.weight_version,
                     top_logprobs: g.top_logprobs,
@@ -156,5 +158,16 @@ impl EngineCore {
             ));
         }
         Ok(())
+    }
+}
+
+impl GenState {
+    /// What the next token is drawn from when it is not the generation's own
+    /// sampling: the boost, while the kept tokens are fewer than it covers.
+    fn boost_now(&self) -> Option<crate::engine::Sampling> {
+        self.params
+            .boost
+            .filter(|b| self.tokens.len() < b.tokens)
+            .map(|b| b.sampling)
     }
 }

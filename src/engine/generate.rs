@@ -100,6 +100,7 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration
         seed: Vec::new(),
         penalties: req.penalties,
         top_logprobs: 0,
+        boost: None,
     };
     let mut history = TokenHistory::new(req.prompt.iter().copied());
     let mut tokens: Vec<SampledToken> = Vec::new();
@@ -116,8 +117,9 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration
             penalties: &req.penalties,
             history: Some(&history),
             top_logprobs: 0,
+            draw_from: None,
         };
-        let (next, _) = draw(&logits, &req.sampling, options, &mut rng);
+        let next = draw(&logits, &req.sampling, options, &mut rng).sampled;
         let verdict = check_sampled(
             &params,
             &ids,

@@ -43,6 +43,6 @@ pub use handle::{Engine, TokenStream};
 pub use owned::OwnedSeq;
 pub use penalties::Penalties;
 pub use rng::SeqRng;
-pub use sampling::{SampledToken, Sampling, SamplingError};
+pub use sampling::{BoostedStart, SampledToken, Sampling, SamplingError};
 pub use stop::{GenParams, StopReason};
 pub use weights::WeightVersion;

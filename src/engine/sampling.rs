@@ -1,12 +1,21 @@
 //! Choosing the next token from logits.
 //!
-//! The logprob returned with each token is the natural log of its probability under
-//! `softmax(logits / temperature)` over the *whole* vocabulary, before top-k / top-p
-//! truncation: that is the behaviour policy's probability a PPO ratio needs when the
-//! trainer recomputes logprobs without truncation (verl does). Greedy uses
-//! temperature 1. Penalties (`engine::penalties`) and min-p shape the choice, not the
-//! reported logprob; the `top_logprobs` alternatives are taken from the same
-//! distribution as the logprob.
+//! Two log-probabilities come with each token:
+//!
+//! - the **policy logprob** (`SampledToken::logprob`): the natural log of its
+//!   probability under `softmax(logits / temperature)` of the generation's own
+//!   [`Sampling`] over the *whole* vocabulary, before truncation — what a trainer
+//!   that recomputes logprobs at the same temperature without truncation (verl does)
+//!   gets. Greedy uses temperature 1. Penalties (`engine::penalties`) and min-p shape
+//!   the choice, not this logprob; the `top_logprobs` alternatives are taken from the
+//!   same distribution.
+//! - the **behaviour logprob** ([`Drawn::behaviour_logprob`]): the log-probability
+//!   under the distribution the token was *actually* drawn from — penalties applied,
+//!   truncated and renormalised, at the temperature of the draw, which for a tree
+//!   branch's boosted first tokens ([`DrawOptions::draw_from`]) is not the policy's.
+//!   It is what an importance weight between the rollout and the trainer must divide
+//!   by. A greedy draw (a point mass, which no ratio can use) reports its policy
+//!   logprob as its behaviour, as before.
 //!
 //! The truncations are vLLM's, in its order: min-p (keep tokens with probability at
 //! least `min_p ×` the largest), then top-k, then top-p over the distribution
@@ -48,6 +57,9 @@ pub enum SamplingError {
     /// A generation was asked for zero new tokens.
     #[error("max_tokens must be at least 1")]
     NoTokens,
+    /// A boosted start ([`BoostedStart`]) of zero tokens.
+    #[error("a branch's boosted start must cover at least 1 token")]
+    NoBoostedTokens,
 }
 
 impl SamplingError {
@@ -63,6 +75,7 @@ impl SamplingError {
             SamplingError::FrequencyPenalty(_) => "frequency_penalty",
             SamplingError::TopLogprobs(_) => "top_logprobs",
             SamplingError::NoTokens => "max_tokens",
+            SamplingError::NoBoostedTokens => "branch_sampling",
         }
     }
 }
@@ -159,6 +172,18 @@ impl Sampling {
     }
 }
 
+/// The first tokens of a generation drawn from a wider distribution than its own
+/// [`Sampling`]: a tree branch's first tokens, the ones that make it a branch, so
+/// siblings differ where they fork. Each boosted token's behaviour logprob is taken
+/// under `sampling`; its policy logprob stays the generation's.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BoostedStart {
+    /// What the boosted tokens are drawn from.
+    pub sampling: Sampling,
+    /// How many of the generation's first tokens are boosted (at least 1).
+    pub tokens: usize,
+}
+
 /// How one sequence's next token is drawn beyond its [`Sampling`]: penalties over
 /// what it has seen, and how many alternatives to report.
 #[derive(Debug, Clone, Copy)]
@@ -170,41 +195,66 @@ pub struct DrawOptions<'a> {
     /// How many most likely alternatives to report with the token (0: none; at most
     /// [`MAX_TOP_LOGPROBS`] when it comes from a request).
     pub top_logprobs: usize,
+    /// Draw from this distribution instead of the generation's own (a tree branch's
+    /// boosted first tokens); the policy logprob and the alternatives stay under
+    /// the generation's. `None`: draw from the generation's own.
+    pub draw_from: Option<Sampling>,
 }
 
 impl DrawOptions<'_> {
-    /// No penalties, no alternatives.
+    /// No penalties, no alternatives, the generation's own distribution.
     pub const PLAIN: DrawOptions<'static> = DrawOptions {
         penalties: &Penalties::NONE,
         history: None,
         top_logprobs: 0,
+        draw_from: None,
     };
 }
 
-/// [`sample`] with penalties and alternatives: the token is chosen from the penalised
-/// logits, its logprob and the `top_logprobs` best alternatives are the model's
-/// (unpenalised) under the sampling temperature.
+/// One drawn token, with both of its log-probabilities (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drawn {
+    /// The token and its policy logprob.
+    pub sampled: SampledToken,
+    /// Its log-probability under the distribution it was drawn from.
+    pub behaviour_logprob: f32,
+    /// The `top_logprobs` most likely alternatives under the policy's distribution.
+    pub top: Vec<SampledToken>,
+}
+
+/// [`sample`] with penalties, alternatives and another distribution to draw from:
+/// the token is chosen from the penalised logits under `options.draw_from` (else
+/// `sampling`); its policy logprob and the `top_logprobs` best alternatives are the
+/// model's (unpenalised) under `sampling`'s temperature.
 pub fn draw(
     logits: &[f32],
     sampling: &Sampling,
     options: DrawOptions<'_>,
     rng: &mut SeqRng,
-) -> (SampledToken, Vec<SampledToken>) {
-    let sampled = match options.history {
+) -> Drawn {
+    let source = options.draw_from.unwrap_or(*sampling);
+    let penalised = match options.history {
         Some(history) if !options.penalties.is_neutral() => {
             let mut shaped = logits.to_vec();
             options.penalties.apply(&mut shaped, history);
-            let token = sample(&shaped, sampling, rng).token;
-            let (lse, inv_t) = log_normaliser(logits, sampling.logprob_temperature() as f32);
-            SampledToken {
-                token,
-                logprob: (logits[token as usize] as f64 * inv_t - lse) as f32,
-            }
+            Some(shaped)
         }
-        _ => sample(logits, sampling, rng),
+        _ => None,
     };
+    let (mut sampled, behaviour_logprob) =
+        sample_with_behaviour(penalised.as_deref().unwrap_or(logits), &source, rng);
+    // The policy logprob comes free with the draw when the draw was the policy's own
+    // (no penalties, no other distribution); else one more pass over the vocabulary.
+    if penalised.is_some() || source != *sampling {
+        let (lse, inv_t) = log_normaliser(logits, sampling.logprob_temperature() as f32);
+        sampled.logprob = (logits[sampled.token as usize] as f64 * inv_t - lse) as f32;
+    }
     let top = top_logprobs(logits, sampling, options.top_logprobs);
-    (sampled, top)
+    Drawn {
+        sampled,
+        behaviour_logprob,
+        top,
+    }
 }
 
 /// The `n` most likely tokens under the distribution logprobs are reported under,
@@ -243,6 +293,17 @@ pub struct SampledToken {
 
 /// Picks the next token.
 pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledToken {
+    sample_with_behaviour(logits, sampling, rng).0
+}
+
+/// Picks the next token; with it, its log-probability under the distribution it was
+/// drawn from: truncated and renormalised (greedy: its T = 1 logprob, see the module
+/// docs).
+pub fn sample_with_behaviour(
+    logits: &[f32],
+    sampling: &Sampling,
+    rng: &mut SeqRng,
+) -> (SampledToken, f32) {
     match *sampling {
         Sampling::Greedy => {
             let mut best = 0usize;
@@ -252,10 +313,12 @@ pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledT
                 }
             }
             let (lse, _) = log_normaliser(logits, 1.0);
-            SampledToken {
+            let logprob = (logits[best] as f64 - lse) as f32;
+            let token = SampledToken {
                 token: best as TokenId,
-                logprob: (logits[best] as f64 - lse) as f32,
-            }
+                logprob,
+            };
+            (token, logprob)
         }
         Sampling::Random {
             temperature,
@@ -268,7 +331,8 @@ pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledT
             let truncated = top_k.is_some_and(|k| k > 0 && k < logits.len())
                 || top_p.is_some_and(|p| p < 1.0)
                 || min_p.is_some_and(|m| m > 0.0);
-            let chosen = if truncated {
+            // The log of the mass the draw was renormalised to (0: the whole vocabulary).
+            let (chosen, log_mass) = if truncated {
                 let limits = Truncation {
                     top_k,
                     top_p,
@@ -288,12 +352,13 @@ pub fn sample(logits: &[f32], sampling: &Sampling, rng: &mut SeqRng) -> SampledT
                     }
                     true
                 });
-                chosen
+                (chosen, 0.0)
             };
-            SampledToken {
+            let token = SampledToken {
                 token: chosen as TokenId,
                 logprob: logprob(chosen) as f32,
-            }
+            };
+            (token, (logprob(chosen) - log_mass) as f32)
         }
     }
 }
@@ -307,13 +372,13 @@ struct Truncation {
 }
 
 /// Min-p, top-k, top-p: candidates by probability (ties by id), truncated,
-/// renormalised, one uniform draw.
+/// renormalised, one uniform draw; the token and the log of the mass kept.
 fn sample_truncated(
     logits: &[f32],
     limits: Truncation,
     logprob: &dyn Fn(usize) -> f64,
     rng: &mut SeqRng,
-) -> usize {
+) -> (usize, f64) {
     let by_prob = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
     let all = logits.len();
     // Min-p: p_i ≥ min_p · p_max, compared as probabilities like vLLM.
@@ -367,15 +432,16 @@ fn sample_truncated(
     }
 }
 
-/// One uniform draw from `idx` (in order) renormalised.
-fn draw_from(idx: &[usize], logprob: &dyn Fn(usize) -> f64, rng: &mut SeqRng) -> usize {
+/// One uniform draw from `idx` (in order) renormalised; the token and the log of
+/// the mass it was renormalised by.
+fn draw_from(idx: &[usize], logprob: &dyn Fn(usize) -> f64, rng: &mut SeqRng) -> (usize, f64) {
     let total: f64 = idx.iter().map(|&i| logprob(i).exp()).sum();
     let mut u = rng.next_f64() * total;
     for &i in idx {
         u -= logprob(i).exp();
         if u < 0.0 {
-            return i;
+            return (i, total.ln());
         }
     }
-    idx[idx.len() - 1]
+    (idx[idx.len() - 1], total.ln())
 }

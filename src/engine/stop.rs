@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::{ModelError, TokenId};
 
 use super::penalties::Penalties;
-use super::sampling::{Sampling, SamplingError, MAX_TOP_LOGPROBS};
+use super::sampling::{BoostedStart, Sampling, SamplingError, MAX_TOP_LOGPROBS};
 
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +43,10 @@ pub struct GenParams {
     /// How many most likely alternatives to report with each token (0: none).
     #[serde(default)]
     pub top_logprobs: usize,
+    /// The first tokens drawn from another distribution (a tree branch's boost);
+    /// `None`: every token from `sampling`.
+    #[serde(default)]
+    pub boost: Option<BoostedStart>,
 }
 
 impl GenParams {
@@ -58,6 +62,12 @@ impl GenParams {
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(SamplingError::TopLogprobs(self.top_logprobs));
         }
+        if let Some(boost) = &self.boost {
+            boost.sampling.validate()?;
+            if boost.tokens == 0 {
+                return Err(SamplingError::NoBoostedTokens);
+            }
+        }
         Ok(())
     }
 
@@ -71,6 +81,7 @@ impl GenParams {
             seed: Vec::new(),
             penalties: Penalties::NONE,
             top_logprobs: 0,
+            boost: None,
         }
     }
 }

@@ -18,9 +18,15 @@ use crate::model::TokenId;
 pub struct ModelStep {
     /// The step's token ids (loss mask 1).
     pub tokens: Vec<TokenId>,
-    /// Natural-log probability of each token under the sampling distribution (empty
-    /// where the producer reports none).
+    /// Natural-log probability of each token under the policy at the sampling
+    /// temperature (empty where the producer reports none).
     pub logprobs: Vec<f32>,
+    /// Each token's log-probability under the distribution it was drawn from (see
+    /// `engine::sampling`; empty where the producer reports none — then it is
+    /// `logprobs`).
+    pub behaviour_logprobs: Vec<f32>,
+    /// How many of the first tokens were drawn from a tree branch's boost (0: none).
+    pub boosted: usize,
     /// The step's text, as the environment reads it.
     pub text: String,
 }

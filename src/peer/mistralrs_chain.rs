@@ -358,6 +358,8 @@ impl StepModel for PeerChain<'_> {
         Ok(ModelStep {
             tokens,
             logprobs: Vec::new(),
+            behaviour_logprobs: Vec::new(),
+            boosted: 0,
             text,
         })
     }

@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 
-use crate::engine::EngineError;
+use crate::engine::{BoostedStart, EngineError};
 use crate::env::{run_agent_loop, Episode, ModelStep, StepDone, StepModel};
 use crate::kv::SeqId;
 use crate::model::TokenId;
@@ -80,6 +80,8 @@ impl StepModel for BranchModel<'_> {
         node.depth = done.index + 1;
         node.tokens = done.step.tokens;
         node.logprobs = done.step.logprobs;
+        node.behaviour_logprobs = done.step.behaviour_logprobs;
+        node.boosted = done.step.boosted;
         node.text = done.step.text;
         node.action = Some(outcome.action);
         node.observation = outcome.observation;
@@ -123,6 +125,7 @@ pub(super) async fn grow_branch(
     mut episode: Episode,
     start_depth: usize,
     seed: Vec<u64>,
+    boost: Option<BoostedStart>,
 ) -> Result<BranchOutcome, RolloutError> {
     let engine = &ctx.engine;
     let mut cost = ForestCost::default();
@@ -156,6 +159,7 @@ pub(super) async fn grow_branch(
             seed,
             stop_strings: ctx.env.stop_strings(),
             stop_tokens: engine.model().tokenizer.eos_ids().to_vec(),
+            boost: boost.map(|b| (start_depth, b)),
         },
         grown: Vec::new(),
         cost,

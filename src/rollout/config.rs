@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::branch_sampling::{BranchSampling, BranchSamplingError};
 use super::select::Selection;
 use crate::engine::{Sampling, SamplingError};
 
@@ -28,6 +29,12 @@ pub enum TreeConfigError {
     /// shown as that error itself.
     #[error(transparent)]
     Sampling(#[from] SamplingError),
+    /// The branch sampling spec is refused (see [`BranchSampling`]).
+    #[error(transparent)]
+    BranchSampling(#[from] BranchSamplingError),
+    /// Branch sampling was asked for a search that grows no branches (chains).
+    #[error("branch_sampling needs branches: it applies to trees with rounds and expand of at least 1, not chains")]
+    BranchSamplingWithoutBranches,
 }
 
 impl TreeConfigError {
@@ -39,6 +46,9 @@ impl TreeConfigError {
             TreeConfigError::KeepZero => "keep",
             TreeConfigError::NoStepTokens => "max_step_tokens",
             TreeConfigError::Sampling(e) => e.field(),
+            TreeConfigError::BranchSampling(_) | TreeConfigError::BranchSamplingWithoutBranches => {
+                "branch_sampling"
+            }
         }
     }
 }
@@ -117,6 +127,9 @@ pub struct TreeOptions {
     /// nodes, kept leaves) derives from it and the prompt, tree and branch indices,
     /// so the same seed and inputs grow the same trees.
     pub seed: u64,
+    /// How a branch's first tokens are drawn, as a [`BranchSampling`] spec (`t2`,
+    /// `treerl`, …); `None`: as every other token.
+    pub branch_sampling: Option<String>,
 }
 
 impl Default for TreeOptions {
@@ -132,6 +145,7 @@ impl Default for TreeOptions {
             temperature: 1.0,
             max_step_tokens: 256,
             seed: 0,
+            branch_sampling: None,
         }
     }
 }
@@ -153,6 +167,11 @@ impl TreeOptions {
         };
         let mut config = TreeConfig::chains_or_tree(self.chains, shape, sampling, self.seed);
         config.max_step_tokens = self.max_step_tokens;
+        config.branch_sampling = self
+            .branch_sampling
+            .as_deref()
+            .map(str::parse)
+            .transpose()?;
         config.validate()?;
         Ok(config)
     }
@@ -176,6 +195,10 @@ pub struct TreeConfig {
     pub seed: u64,
     /// Fork branches from cached prefixes (on) or re-send every prefix (off).
     pub prefix_reuse: bool,
+    /// How a branch's first tokens are drawn (`None`: as every other token). Root
+    /// chains never see it. Absent in files written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch_sampling: Option<BranchSampling>,
 }
 
 impl TreeConfig {
@@ -187,6 +210,7 @@ impl TreeConfig {
             max_step_tokens: 256,
             seed,
             prefix_reuse: true,
+            branch_sampling: None,
         }
     }
 
@@ -228,6 +252,9 @@ impl TreeConfig {
             return Err(TreeConfigError::NoStepTokens);
         }
         self.sampling.validate()?;
+        if self.branch_sampling.is_some() && self.is_chains() {
+            return Err(TreeConfigError::BranchSamplingWithoutBranches);
+        }
         Ok(())
     }
 

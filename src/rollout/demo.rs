@@ -43,6 +43,8 @@ impl StepModel for OracleSteps<'_> {
         let tokens = self.model.tokenizer.encode(&text, false)?;
         Ok(ModelStep {
             logprobs: vec![0.0; tokens.len()],
+            behaviour_logprobs: Vec::new(),
+            boosted: 0,
             tokens,
             text,
         })
@@ -53,7 +55,7 @@ impl StepModel for OracleSteps<'_> {
     }
 
     async fn step_done(&mut self, done: StepDone, episode: &Episode) -> Result<(), RolloutError> {
-        self.traj.push_model(&done.step.tokens, &done.step.logprobs);
+        self.traj.push_step(&done.step);
         self.traj.num_turns += 1;
         if !done.observation.is_empty() {
             self.traj.push_observation(&done.observation);

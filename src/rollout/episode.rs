@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 
-use crate::engine::{Engine, GenParams, Sampling};
+use crate::engine::{BoostedStart, Engine, GenParams, Sampling};
 use crate::env::{run_agent_loop, Environment, Episode, ModelStep, QaSample, StepDone, StepModel};
 use crate::kv::SeqId;
 use crate::model::TokenId;
@@ -45,6 +45,9 @@ pub(crate) struct EngineSteps<'a> {
     pub seed: Vec<u64>,
     pub stop_strings: Vec<String>,
     pub stop_tokens: Vec<TokenId>,
+    /// The step (by index) whose first tokens are drawn from a boost: a tree
+    /// branch's first step, under its branch sampling.
+    pub boost: Option<(usize, BoostedStart)>,
 }
 
 impl EngineSteps<'_> {
@@ -58,6 +61,10 @@ impl EngineSteps<'_> {
             stop_tokens: self.stop_tokens.clone(),
             stop_strings: self.stop_strings.clone(),
             seed,
+            boost: self
+                .boost
+                .filter(|(at, _)| *at == index)
+                .map(|(_, boost)| boost),
             ..GenParams::greedy(0)
         };
         let gen = self.engine.generate(self.seq, params).await?;
@@ -65,6 +72,8 @@ impl EngineSteps<'_> {
         Ok(ModelStep {
             tokens: gen.tokens,
             logprobs: gen.logprobs,
+            behaviour_logprobs: gen.behaviour_logprobs,
+            boosted: gen.boosted,
             text,
         })
     }
@@ -96,7 +105,7 @@ impl StepModel for EpisodeModel<'_> {
     }
 
     async fn step_done(&mut self, done: StepDone, _episode: &Episode) -> Result<(), RolloutError> {
-        self.traj.push_model(&done.step.tokens, &done.step.logprobs);
+        self.traj.push_step(&done.step);
         self.traj.num_turns += 1;
         if !done.observation.is_empty() {
             self.traj.push_observation(&done.observation);
@@ -126,6 +135,7 @@ pub async fn run_episode(
             seed: params.seed.clone(),
             stop_strings: env.stop_strings(),
             stop_tokens: model.tokenizer.eos_ids().to_vec(),
+            boost: None,
         },
         traj: Trajectory::new(prompt_ids),
     };

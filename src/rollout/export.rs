@@ -94,7 +94,7 @@ pub fn score_forest(
             let mut traj = Trajectory::new(prompt_ids.to_vec());
             for &id in path.iter().skip(1) {
                 let n = &tree[id];
-                traj.push_model(&n.tokens, &n.logprobs);
+                traj.push_model(&n.tokens, &n.logprobs, &n.behaviour_logprobs, n.boosted);
                 traj.push_observation(&n.obs_tokens);
             }
             traj.reward = leaf.reward.unwrap_or(0.0);

@@ -56,9 +56,18 @@ pub struct Node {
     pub depth: usize,
     /// Generated tokens of this step and their logprobs.
     pub tokens: Vec<TokenId>,
-    /// Natural-log probability of each of `tokens` when it was sampled (same length
-    /// as `tokens`, or empty where none was recorded).
+    /// Natural-log probability of each of `tokens` under the policy at the run's
+    /// temperature (same length as `tokens`, or empty where none was recorded).
     pub logprobs: Vec<f32>,
+    /// Each token's log-probability under the distribution it was drawn from
+    /// (truncation renormalised; a boosted token's at its branch sampling): what the
+    /// update's importance weight divides by. Empty in older files (then: `logprobs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub behaviour_logprobs: Vec<f32>,
+    /// How many of the step's first tokens were drawn from the branch sampling (a
+    /// branch's first step only; 0 otherwise).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub boosted: usize,
     /// Observation tokens appended after this step (empty for a leaf).
     pub obs_tokens: Vec<TokenId>,
     /// The step's text as the model wrote it (empty for the root).
@@ -91,6 +100,8 @@ impl Node {
             depth: 0,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            behaviour_logprobs: Vec::new(),
+            boosted: 0,
             obs_tokens: Vec::new(),
             text: String::new(),
             action: None,
@@ -236,4 +247,8 @@ impl Forest {
             0.0,
         )
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }

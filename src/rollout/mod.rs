@@ -24,6 +24,7 @@
 //! - [`output`]: the run's files written as prompts finish, and `forest.jsonl` read back.
 
 mod branch;
+pub mod branch_sampling;
 pub mod branching;
 pub mod config;
 mod context;
@@ -40,6 +41,7 @@ pub mod select;
 pub mod summary;
 pub mod trajectory;
 
+pub use branch_sampling::{BranchSampling, BranchSamplingError, BranchSpan};
 pub use branching::BranchingStats;
 pub use config::{TreeConfig, TreeConfigError, TreeOptions, TreeShape};
 pub use cost::ForestCost;

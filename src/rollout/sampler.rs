@@ -220,9 +220,15 @@ impl Growth {
         let ep = rt.episode.clone();
         let depth = self.trees[t][start].depth;
         let seed = vec![cfg.seed, self.prompt_index, t as u64, branch];
+        // A branch's first step may be drawn wider (diversity at the fork); round 0's
+        // root chains never are.
+        let boost = match &cfg.branch_sampling {
+            Some(b) if round > 0 => b.boost_for(&seed, cfg.max_step_tokens),
+            _ => None,
+        };
         let ctx = ctx.clone();
         jobs.spawn(async move {
-            let grown = grow_branch(&ctx, from, ep, depth, seed).await;
+            let grown = grow_branch(&ctx, from, ep, depth, seed, boost).await;
             (t, branch, start, grown)
         });
         Ok(())

@@ -64,6 +64,10 @@ pub struct RolloutBody {
     seed: u64,
     #[serde(default)]
     token_budget: Option<u64>,
+    /// How a branch's first tokens are drawn: a branch sampling spec (`t2`,
+    /// `treerl`, …; see `rollout::branch_sampling`).
+    #[serde(default)]
+    branch_sampling: Option<String>,
 }
 
 fn one() -> usize {
@@ -95,6 +99,7 @@ impl RolloutBody {
             temperature: self.temperature,
             max_step_tokens: self.max_step_tokens,
             seed: self.seed,
+            branch_sampling: self.branch_sampling.clone(),
         }
         .config()
         .map_err(ServeError::TreeConfig)

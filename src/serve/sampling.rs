@@ -113,6 +113,7 @@ impl SamplingFields {
             seed: vec![seed, choice as u64],
             penalties: self.penalties()?,
             top_logprobs: self.top_logprobs,
+            boost: None,
         };
         params.validate().map_err(sampling_error)?;
         Ok(params)

@@ -25,6 +25,10 @@ struct Line {
     response_mask: Vec<u8>,
     #[serde(default)]
     response_logprobs: Option<Vec<f32>>,
+    /// The distribution each token was drawn from (the TIS weight's denominator);
+    /// older files have none, and then `response_logprobs` are taken.
+    #[serde(default)]
+    response_behaviour_logprobs: Option<Vec<f32>>,
     advantage: Option<f64>,
     #[serde(default)]
     temperature: Option<f64>,
@@ -63,7 +67,7 @@ pub fn parse_trajectories(
         if raw.trim().is_empty() {
             continue;
         }
-        let line: Line = serde_json::from_str(raw).map_err(|source| TrainError::Json {
+        let mut line: Line = serde_json::from_str(raw).map_err(|source| TrainError::Json {
             path: path.to_path_buf(),
             line: n,
             what: "a trajectory record",
@@ -85,7 +89,13 @@ pub fn parse_trajectories(
                 ),
             ));
         }
-        if let Some(lp) = &line.response_logprobs {
+        // The importance weight divides by the behaviour's logprobs where recorded.
+        let rollout_logprobs = line
+            .response_behaviour_logprobs
+            .take()
+            .filter(|v| !v.is_empty())
+            .or(line.response_logprobs.take());
+        if let Some(lp) = &rollout_logprobs {
             if lp.len() != r {
                 return Err(bad(
                     n,
@@ -147,9 +157,7 @@ pub fn parse_trajectories(
             tokens,
             prompt_len,
             response_mask: line.response_mask,
-            rollout_logprobs: line
-                .response_logprobs
-                .map(|v| v.into_iter().map(f64::from).collect()),
+            rollout_logprobs: rollout_logprobs.map(|v| v.into_iter().map(f64::from).collect()),
             old_logprobs: None,
             ref_logprobs: None,
             advantage,

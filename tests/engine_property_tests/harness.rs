@@ -160,6 +160,7 @@ impl Harness {
         GenParams {
             penalties: treegrpo::engine::Penalties::NONE,
             top_logprobs: 0,
+            boost: None,
             sampling,
             max_new_tokens: if rng.chance(10) {
                 rng.range(20, 60)

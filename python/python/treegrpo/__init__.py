@@ -67,6 +67,7 @@ def rollout(
     max_turns: int = 3,
     max_step_tokens: int = 256,
     temperature: float = 1.0,
+    branch_sampling: Optional[str] = None,
     token_budget: Optional[int] = None,
     max_concurrent_prompts: int = 16,
     env_timeout: float = 30.0,
@@ -97,6 +98,14 @@ def rollout(
     chains (GRPO). ``advantage``: tree, tree-2norm, inter, intra or grpo (default:
     tree for trees, grpo for chains). The same seed gives the same trajectories.
 
+    ``branch_sampling``: draw each branch's first tokens from a wider distribution
+    (diversity at the fork; root chains never), a spec string — ``t<T>`` temperature,
+    ``k<K>`` top-k, ``p<P>`` top-p, ``n<N>`` first tokens (default 1) or ``s`` the
+    whole first step, ``q<Q>`` the probability a branch is boosted — e.g. ``"t2"``,
+    ``"t1.5p0.95s"``, ``"treerl"`` (= ``"t5k16q0.5"``). Each trajectory then carries
+    ``response_behaviour_logprobs`` (the distribution each token was drawn from) and
+    ``response_boosted`` beside ``response_logprobs`` (the policy's).
+
     ``prompt_offset``: the index of the first sample in a larger run this call is a
     part of. Seeds derive from the seed and the prompt's index in that run (and the
     tree and branch), so ``rollout(engine, env, samples[k:k+1], prompt_offset=k)``
@@ -117,6 +126,7 @@ def rollout(
         max_turns=max_turns,
         max_step_tokens=max_step_tokens,
         temperature=temperature,
+        branch_sampling=branch_sampling,
         token_budget=token_budget,
         max_concurrent_prompts=max_concurrent_prompts,
         env_timeout=env_timeout,
@@ -169,7 +179,10 @@ class Trainer:
     ``checkpoint/``. Options: ``steps``, ``prompts_per_step``, the tree shape of
     :func:`rollout` (``trees``, ``expand``, ``rounds``, ``keep``, ``select``,
     ``chains``, ``seed``, ``advantage``, ``max_turns``, ``max_step_tokens``,
-    ``temperature``), ``eval_every``/``eval_prompts`` (greedy eval on ``test``),
+    ``temperature``, ``branch_sampling``), ``boosted_tokens`` ("corrected": the
+    branch sampling's boosted tokens are importance-weighted against the
+    distribution they were drawn from; "masked": left out of the loss),
+    ``eval_every``/``eval_prompts`` (greedy eval on ``test``),
     ``checkpoint_every``, ``serve_format`` ("f32" or "bf16"), ``kl_reference``
     ("previous": the policy before each step, whose one-step KL is 0; "start": a
     frozen copy of the starting weights, kept in ``out_dir/reference/`` and read

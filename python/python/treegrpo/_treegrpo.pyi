@@ -164,6 +164,7 @@ def rollout(
     max_turns: int = 3,
     max_step_tokens: int = 256,
     temperature: float = 1.0,
+    branch_sampling: Optional[str] = None,
     token_budget: Optional[int] = None,
     max_concurrent_prompts: int = 16,
     env_timeout: float = 30.0,

@@ -11,6 +11,13 @@
   ``weight_version`` extra columns for reward functions; it copies the trainer's
   weights into the engine after every optimiser step.
 
+Both give trainers the **behaviour** log-probabilities as the rollout's (verl's
+``response_logprobs``, TRL's ``logprobs``): the distribution each token was drawn
+from, which their importance-sampling corrections divide by. They equal the policy's
+except where a branch sampling (``branch_sampling=...``) boosted a branch's first
+tokens; verl's ``extra_fields`` then also carry the policy's (``policy_logprobs``)
+and the boosted-token flags (``boosted``).
+
 ``as_numpy=True`` gives numpy arrays instead of lists (numpy is imported only then).
 """
 
@@ -55,6 +62,12 @@ def _array(values: Sequence[Any], as_numpy: bool, dtype: str) -> Any:
     return np.asarray(values, dtype=dtype)
 
 
+def _behaviour(t: Dict[str, Any]) -> List[float]:
+    """The trajectory's behaviour logprobs (records written before they were kept
+    have none: then the policy's, which they were)."""
+    return t.get("response_behaviour_logprobs") or t["response_logprobs"]
+
+
 def to_verl(trajectories: Sequence[Dict[str, Any]], as_numpy: bool = False) -> List[Dict[str, Any]]:
     """verl 0.9.1 ``AgentLoopOutput`` fields (all 12) for each trajectory of
     :func:`treegrpo.rollout`.
@@ -70,7 +83,8 @@ def to_verl(trajectories: Sequence[Dict[str, Any]], as_numpy: bool = False) -> L
     out = []
     for t in trajectories:
         n = len(t["response_ids"])
-        if len(t["response_mask"]) != n or len(t["response_logprobs"]) != n:
+        behaviour = _behaviour(t)
+        if len(t["response_mask"]) != n or len(t["response_logprobs"]) != n or len(behaviour) != n:
             raise ValueError(
                 f"trajectory {t.get('prompt_uid')}/{t.get('tree_id')}/{t.get('leaf_id')}: "
                 "response_ids, response_mask and response_logprobs differ in length"
@@ -82,7 +96,7 @@ def to_verl(trajectories: Sequence[Dict[str, Any]], as_numpy: bool = False) -> L
                 "prompt_ids": _array(t["prompt_ids"], as_numpy, "int64"),
                 "response_ids": _array(t["response_ids"], as_numpy, "int64"),
                 "response_mask": _array(t["response_mask"], as_numpy, "int64"),
-                "response_logprobs": _array(t["response_logprobs"], as_numpy, "float32"),
+                "response_logprobs": _array(behaviour, as_numpy, "float32"),
                 "routed_experts": None,
                 "multi_modal_data": None,
                 "reward_score": float(t["reward"]),
@@ -95,6 +109,8 @@ def to_verl(trajectories: Sequence[Dict[str, Any]], as_numpy: bool = False) -> L
                     "node_path": list(t["node_path"]),
                     "advantage": float(t["advantage"]),
                     "temperature": t.get("temperature"),
+                    "policy_logprobs": _array(t["response_logprobs"], as_numpy, "float32"),
+                    "boosted": _array(t.get("response_boosted") or [0] * n, as_numpy, "int64"),
                 },
                 "mm_processor_kwargs": None,
                 "mm_processor_output": None,
@@ -303,7 +319,7 @@ def trl_rollout_func(
                     "its summary's forests; a token_budget also stops branches)"
                 )
             for t in leaves:
-                ids, logprobs, mask = t["response_ids"], t["response_logprobs"], t["response_mask"]
+                ids, logprobs, mask = t["response_ids"], _behaviour(t), t["response_mask"]
                 if not ids:
                     # The leaf's first sampled token was a stop token (not kept in a
                     # trajectory); TRL reads every completion's last token, so it gets
