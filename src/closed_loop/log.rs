@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::error::LoopError;
+use super::eval::Evaluation;
 use super::step_rollout::StepRollouts;
 use crate::advantage::AdvantageSignal;
 use crate::rollout::BranchingStats;
@@ -39,6 +40,14 @@ pub struct StepLog {
     pub reward_mean: f64,
     /// Greedy mean reward on the task's test prompts, when evaluated after the step.
     pub eval_reward: Option<f64>,
+    /// The ids of that evaluation's questions, in the order evaluated (absent when
+    /// none ran, and in older logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_question_ids: Option<Vec<String>>,
+    /// Each of those questions' greedy reward, in the same order: what
+    /// `treegrpo compare` pairs two arms by (seed, question). Absent likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_rewards: Option<Vec<f64>>,
     /// Trajectories (leaves) the step's rollouts produced and the update trained on.
     pub rollouts: usize,
     /// What the step's rollouts cost in tokens.
@@ -95,12 +104,14 @@ pub struct StepLog {
 
 impl StepLog {
     /// Step 0: the evaluation before any update, under weight version `version`.
-    pub fn before_training(version: u64, eval: Option<(f64, f64)>) -> StepLog {
+    pub fn before_training(version: u64, eval: Option<&Evaluation>) -> StepLog {
         StepLog {
             step: 0,
             weight_version: version,
             reward_mean: 0.0,
-            eval_reward: eval.map(|e| e.0),
+            eval_reward: eval.map(|e| e.mean_reward),
+            eval_question_ids: eval.map(question_ids),
+            eval_rewards: eval.map(question_rewards),
             rollouts: 0,
             tokens: StepTokens::default(),
             prompt_ids: Vec::new(),
@@ -120,13 +131,13 @@ impl StepLog {
             lr: 0.0,
             rollout_seconds: 0.0,
             update_seconds: 0.0,
-            eval_seconds: eval.map_or(0.0, |e| e.1),
+            eval_seconds: eval.map_or(0.0, |e| e.seconds),
         }
     }
 
     /// The line of finished step `step`: its rollouts (sampled under
-    /// `weight_version`), its update's metrics, and the evaluation after it (reward,
-    /// seconds) if one ran.
+    /// `weight_version`), its update's metrics, and the evaluation after it if one
+    /// ran.
     #[allow(clippy::too_many_arguments)]
     pub fn after_step(
         step: u64,
@@ -135,13 +146,15 @@ impl StepLog {
         m: &UpdateMetrics,
         cumulative_computed: u64,
         rollout_seconds: f64,
-        eval: Option<(f64, f64)>,
+        eval: Option<&Evaluation>,
     ) -> StepLog {
         StepLog {
             step,
             weight_version,
             reward_mean: rollouts.mean_reward(),
-            eval_reward: eval.map(|e| e.0),
+            eval_reward: eval.map(|e| e.mean_reward),
+            eval_question_ids: eval.map(question_ids),
+            eval_rewards: eval.map(question_rewards),
             rollouts: rollouts.records.len(),
             tokens: StepTokens {
                 prefilled: rollouts.prefilled,
@@ -167,8 +180,24 @@ impl StepLog {
             lr: m.lr,
             rollout_seconds,
             update_seconds: m.seconds,
-            eval_seconds: eval.map_or(0.0, |e| e.1),
+            eval_seconds: eval.map_or(0.0, |e| e.seconds),
         }
+    }
+
+    /// The evaluation's reward per question, `(id, reward)` in the order evaluated
+    /// (`None`: no evaluation, or a log written before they were recorded, or ids
+    /// and rewards that do not match up).
+    pub fn eval_per_question(&self) -> Option<Vec<(&str, f64)>> {
+        let (ids, rewards) = (
+            self.eval_question_ids.as_ref()?,
+            self.eval_rewards.as_ref()?,
+        );
+        (ids.len() == rewards.len()).then(|| {
+            ids.iter()
+                .map(String::as_str)
+                .zip(rewards.iter().copied())
+                .collect()
+        })
     }
 
     /// The line with every timing zeroed: what an interrupted-and-resumed run must
@@ -181,6 +210,14 @@ impl StepLog {
             ..self.clone()
         }
     }
+}
+
+fn question_ids(e: &Evaluation) -> Vec<String> {
+    e.per_question.iter().map(|q| q.id.clone()).collect()
+}
+
+fn question_rewards(e: &Evaluation) -> Vec<f64> {
+    e.per_question.iter().map(|q| q.reward).collect()
 }
 
 /// The log file of a run folder, open for appending.
@@ -240,4 +277,56 @@ pub fn read_log(path: &Path) -> Result<Vec<StepLog>, LoopError> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::closed_loop::QuestionReward;
+
+    fn evaluation() -> Evaluation {
+        let q = |id: &str, reward| QuestionReward {
+            id: id.to_string(),
+            reward,
+        };
+        Evaluation {
+            mean_reward: 0.6,
+            prompts: 2,
+            seconds: 1.5,
+            per_question: vec![q("calc-7", 1.0), q("calc-3", 0.2)],
+        }
+    }
+
+    #[test]
+    fn an_eval_line_carries_each_questions_reward_and_old_lines_still_read() {
+        let line = StepLog::before_training(4, Some(&evaluation()));
+        assert_eq!(line.eval_reward, Some(0.6));
+        assert_eq!(line.eval_seconds, 1.5);
+        assert_eq!(
+            line.eval_per_question(),
+            Some(vec![("calc-7", 1.0), ("calc-3", 0.2)])
+        );
+        let text = serde_json::to_string(&line).unwrap();
+        assert!(
+            text.contains(r#""eval_question_ids":["calc-7","calc-3"],"eval_rewards":[1.0,0.2]"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<StepLog>(&text).unwrap(), line);
+
+        // Without an evaluation (and so in a line an older build wrote) the fields
+        // are absent, and such a line reads back with none.
+        let bare = StepLog::before_training(4, None);
+        let text = serde_json::to_string(&bare).unwrap();
+        assert!(!text.contains("eval_rewards") && !text.contains("eval_question_ids"));
+        let read: StepLog = serde_json::from_str(&text).unwrap();
+        assert_eq!(read.eval_per_question(), None);
+        assert_eq!((read.eval_rewards, read.eval_question_ids), (None, None));
+
+        // Ids and rewards that do not match up pair nothing.
+        let torn = StepLog {
+            eval_rewards: Some(vec![1.0]),
+            ..line
+        };
+        assert_eq!(torn.eval_per_question(), None);
+    }
 }

@@ -11,7 +11,7 @@
 //! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
 //!   evaluation, checkpoints with the loop's state, resume, stop signal.
 //! - [`step_rollout`]: a step's rollouts, in waves under a computed-token budget.
-//! - [`eval`]: greedy mean reward on held-out prompts.
+//! - [`eval`]: greedy mean reward on held-out prompts, and each question's.
 //! - [`samples`]: trajectories as the update's samples.
 //! - [`log`]: `log.jsonl`, one synced line per step, read back on resume.
 //! - [`error`]: the layer's error type, [`LoopError`].
@@ -30,7 +30,7 @@ pub mod warm;
 
 pub use config::LoopConfig;
 pub use error::LoopError;
-pub use eval::{evaluate, Evaluation};
+pub use eval::{evaluate, Evaluation, QuestionReward};
 pub use log::{read_log, LogFile, StepLog, StepTokens};
 pub use record::{
     RunRecord, RunSource, WarmStartRecord, RUN_RECORD_FILE, SFT_LOG_FILE, SFT_SUMMARY_FILE,

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 
 use super::config::LoopConfig;
 use super::error::LoopError;
-use super::eval::evaluate;
+use super::eval::{evaluate, Evaluation};
 use super::log::{LogFile, StepLog};
 use super::record::{RunRecord, RunSource};
 use super::samples::{train_sample, BoostedTokens};
@@ -354,15 +354,15 @@ impl TrainRun {
         *self.served.lock().unwrap_or_else(|p| p.into_inner()) = Some(model);
     }
 
-    /// Greedy mean reward on the test prompts, and the seconds it took.
-    async fn evaluate(&self) -> Result<Option<(f64, f64)>, LoopError> {
+    /// The greedy evaluation on the test prompts (`None`: the run evaluates none).
+    async fn evaluate(&self) -> Result<Option<Evaluation>, LoopError> {
         let n = self.config.eval_prompts.min(self.test.len());
         if n == 0 {
             return Ok(None);
         }
         let max_step_tokens = self.config.tree.max_step_tokens;
         let e = evaluate(&self.engine, &self.env, &self.test[..n], max_step_tokens).await?;
-        Ok(Some((e.mean_reward, e.seconds)))
+        Ok(Some(e))
     }
 
     /// Whether to evaluate after `step`, which took the cumulative computed tokens
@@ -442,7 +442,7 @@ impl TrainRun {
             if stop.is_raised() {
                 return Ok(LoopOutcome::Interrupted { completed: 0 });
             }
-            let line = StepLog::before_training(self.state.base_version, eval);
+            let line = StepLog::before_training(self.state.base_version, eval.as_ref());
             emit(LoopEvent::Step(&line));
             self.append(line)?;
         }
@@ -569,7 +569,7 @@ impl TrainRun {
                 &metrics,
                 self.state.cumulative_computed,
                 rollout_seconds,
-                eval,
+                eval.as_ref(),
             );
             emit(LoopEvent::Step(&line));
             self.append(line)?;

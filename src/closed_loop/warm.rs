@@ -74,7 +74,7 @@ pub enum WarmStartEvent<'a> {
     Evaluated {
         /// Which weights were evaluated.
         point: EvalPoint,
-        /// The mean reward, prompts and seconds.
+        /// The mean reward, prompts, seconds and each question's reward.
         evaluation: Evaluation,
     },
     /// A supervised step finished, of `total` in `epochs` epochs.
@@ -123,8 +123,9 @@ async fn evaluate_at(
         prompts: inputs.test.len(),
     });
     let evaluation = evaluate(engine, inputs.env, inputs.test, max_step_tokens).await?;
+    let mean_reward = evaluation.mean_reward;
     on_event(WarmStartEvent::Evaluated { point, evaluation });
-    Ok(Some(evaluation.mean_reward))
+    Ok(Some(mean_reward))
 }
 
 /// Runs the warm-start: evaluates the model as it is, trains `inputs.params` on the
