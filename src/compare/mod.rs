@@ -8,11 +8,14 @@
 //! - [`run`]: the shared warm-start, every arm × seed run (resumed where stopped).
 //! - [`start`]: `start.json`, the hash of the weights a run started from.
 //! - [`summary`]: `summary.json`, from the runs' logs.
+//! - [`paired`]: an arm against chain, paired by seed and question, with a
+//!   cluster-bootstrap interval.
 //! - [`report`]: `report.md` and the plot, and writing all three.
 //! - [`error`]: the layer's error type, [`CompareError`].
 
 pub mod arm;
 pub mod error;
+pub mod paired;
 pub mod plan;
 pub mod report;
 pub mod run;
@@ -21,6 +24,7 @@ pub mod summary;
 
 pub use arm::{parse_arms, Arm};
 pub use error::{ArmError, CompareError};
+pub use paired::PairedDiff;
 pub use plan::{run_dir, warm_start_dir, ComparePlan, PLAN_FILE};
 pub use report::{write_outputs, PLOT_FILE, REPORT_FILE};
 pub use run::{run_compare, CompareEvent, CompareEventFn, CompareOutcome};

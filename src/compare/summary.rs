@@ -2,14 +2,18 @@
 //! the seeds, each seed's final eval reward and computed tokens, the eval curve
 //! (mean over seeds, with its min and max), and per step the learning signal (shares
 //! of prompts and trees with mixed rewards, mean |intra| and |inter| advantage) and
-//! rollouts. Built from files alone, so a resumed comparison gives the same summary.
+//! rollouts; and each arm against the chain baseline, paired by seed and question
+//! ([`paired`](super::paired)). Built from files alone, so a resumed comparison gives
+//! the same summary.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::arm::Arm;
 use super::error::CompareError;
+use super::paired::{pair, paired_difference, PairedDiff};
 use super::plan::{run_dir, ComparePlan};
 use super::start::StartRecord;
 use crate::closed_loop::{read_log, StepLog};
@@ -76,6 +80,11 @@ pub struct ArmSummary {
     pub final_eval_std: f64,
     /// Per step, averaged over seeds.
     pub steps: Vec<StepSignal>,
+    /// The final evaluation against [`Summary::chain_arm`]'s, paired by seed and
+    /// question (absent for that arm itself, without a chain arm, and where the logs
+    /// have no per-question rewards: written by older builds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vs_chain: Option<PairedDiff>,
 }
 
 /// The whole `summary.json`.
@@ -93,6 +102,10 @@ pub struct Summary {
     pub start_eval: f64,
     /// Every arm by name, in the plan's order of names.
     pub arms: BTreeMap<String, ArmSummary>,
+    /// The baseline every arm's `vs_chain` is against: the arm named `chain`, else
+    /// the plan's first chain arm (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain_arm: Option<String>,
     /// Largest arm mean of computed tokens over the smallest, less one: how far the
     /// budgets differ (the comparison asks for under 0.05).
     pub budget_spread: f64,
@@ -186,7 +199,35 @@ fn arm_summary(seeds: Vec<u64>, logs: &[Vec<StepLog>], start: f64) -> ArmSummary
         final_eval_mean: m,
         final_eval_std: std,
         steps,
+        vs_chain: None,
     }
+}
+
+/// The baseline of the paired comparison: `chain` itself, else the first chain arm.
+fn chain_arm(arms: &[Arm]) -> Option<&Arm> {
+    arms.iter()
+        .find(|a| a.name() == "chain")
+        .or_else(|| arms.iter().find(|a| a.shape.is_chains()))
+}
+
+/// A run's final evaluation by question: the last evaluated step's (`None`: it has
+/// none, or its log predates per-question rewards).
+fn final_by_question(log: &[StepLog]) -> Option<Vec<(&str, f64)>> {
+    log.iter()
+        .rev()
+        .find(|l| l.step > 0 && l.eval_reward.is_some())?
+        .eval_per_question()
+}
+
+/// `arm` against `chain`, seed index by seed index (the same rollout seed), over the
+/// seeds both ran.
+fn vs_chain(arm: &[Vec<StepLog>], chain: &[Vec<StepLog>]) -> Option<PairedDiff> {
+    let seeds: Vec<Vec<f64>> = arm
+        .iter()
+        .zip(chain)
+        .filter_map(|(a, c)| Some(pair(&final_by_question(a)?, &final_by_question(c)?)))
+        .collect();
+    paired_difference(&seeds)
 }
 
 impl Summary {
@@ -198,6 +239,7 @@ impl Summary {
     ) -> Result<Self, CompareError> {
         let start_eval = start.eval_reward.unwrap_or(0.0);
         let mut arms = BTreeMap::new();
+        let mut logs_of = BTreeMap::new();
         for arm in &plan.arms {
             let n = plan.seeds_of(arm);
             let mut logs = Vec::with_capacity(n);
@@ -209,6 +251,14 @@ impl Summary {
                 arm.name().to_string(),
                 arm_summary(seeds, &logs, start_eval),
             );
+            logs_of.insert(arm.name(), logs);
+        }
+        let chain = chain_arm(&plan.arms).map(|a| a.name().to_string());
+        if let Some(chain) = &chain {
+            let chain_logs = &logs_of[chain.as_str()];
+            for (name, a) in arms.iter_mut().filter(|(name, _)| *name != chain) {
+                a.vs_chain = vs_chain(&logs_of[name.as_str()], chain_logs);
+            }
         }
         let totals: Vec<f64> = arms
             .values()
@@ -223,6 +273,7 @@ impl Summary {
             step_budget: plan.step_budget,
             start_eval,
             arms,
+            chain_arm: chain,
             budget_spread: if lo > 0.0 { hi / lo - 1.0 } else { 0.0 },
         })
     }
@@ -232,5 +283,72 @@ impl Summary {
         let path = out.join(SUMMARY_FILE);
         let text = std::fs::read_to_string(&path).map_err(|e| CompareError::Io(path.clone(), e))?;
         serde_json::from_str(&text).map_err(|e| CompareError::Json(path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::closed_loop::{Evaluation, QuestionReward};
+
+    /// A run's log whose step `step` evaluated `rewards` on questions q0, q1, ….
+    fn log(step: u64, rewards: &[f64]) -> Vec<StepLog> {
+        let eval = Evaluation {
+            mean_reward: rewards.iter().sum::<f64>() / rewards.len() as f64,
+            prompts: rewards.len(),
+            seconds: 0.0,
+            per_question: rewards
+                .iter()
+                .enumerate()
+                .map(|(i, &reward)| QuestionReward {
+                    id: format!("q{i}"),
+                    reward,
+                })
+                .collect(),
+        };
+        let mut last = StepLog::before_training(0, Some(&eval));
+        last.step = step;
+        vec![StepLog::before_training(0, None), last]
+    }
+
+    #[test]
+    fn vs_chain_pairs_final_evals_by_seed_index_and_question() {
+        // Seed 0: (1 − 0.5) and (0.25 − 0.25); seed 1: (0.5 − 0.75) and (1 − 0.5).
+        // Mean (0.5 + 0 − 0.25 + 0.5) / 4 = 0.1875; the arm's third seed has no chain
+        // seed to pair with.
+        let arm = [
+            log(2, &[1.0, 0.25]),
+            log(2, &[0.5, 1.0]),
+            log(2, &[0.0, 0.0]),
+        ];
+        let chain = [log(2, &[0.5, 0.25]), log(2, &[0.75, 0.5])];
+        let d = vs_chain(&arm, &chain).unwrap();
+        assert_eq!((d.mean_diff, d.seeds_paired, d.questions), (0.1875, 2, 2));
+        assert!(d.ci_low <= d.mean_diff && d.mean_diff <= d.ci_high, "{d:?}");
+
+        // A run whose log predates per-question rewards pairs nothing.
+        let mut old = log(2, &[1.0, 0.25]);
+        for line in &mut old {
+            (line.eval_question_ids, line.eval_rewards) = (None, None);
+        }
+        assert_eq!(vs_chain(&[old], &chain[..1]), None);
+        // Only the step-0 line evaluated: no final evaluation after training.
+        assert_eq!(vs_chain(&[log(0, &[1.0])], &[log(0, &[0.0])]), None);
+    }
+
+    #[test]
+    fn the_baseline_is_chain_else_the_first_chain_arm() {
+        let arms =
+            |names: &[&str]| -> Vec<Arm> { names.iter().map(|n| n.parse().unwrap()).collect() };
+        let name = |a: &[Arm]| chain_arm(a).map(|a| a.name().to_string());
+        assert_eq!(
+            name(&arms(&["tree", "chain-2", "chain"])).as_deref(),
+            Some("chain")
+        );
+        assert_eq!(
+            name(&arms(&["tree", "chain-2", "chain-1"])).as_deref(),
+            Some("chain-2")
+        );
+        assert_eq!(name(&arms(&["tree", "tree-inter"])), None);
     }
 }
