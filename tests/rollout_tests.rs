@@ -462,8 +462,9 @@ fn a_pool_an_eighth_of_the_peak_preempts_and_writes_the_same_bytes() {
 fn a_branch_longer_than_the_pool_fails_alone_and_the_run_goes_on() {
     let (model, free) = unconstrained();
     let lengths = sequence_lengths(&free.records);
-    // A pool that holds the shortest trajectories but not the longest.
-    let blocks = (lengths[0] + 1).div_ceil(BLOCK) + 1;
+    // A pool that holds the shorter half of the trajectories but not the longest
+    // (the shortest alone can be a branch whose tree's root chain does not fit).
+    let blocks = (lengths[lengths.len() / 2] + 1).div_ceil(BLOCK) + 1;
     assert!(
         blocks * BLOCK < *lengths.last().unwrap(),
         "the trajectories are too alike in length: {lengths:?}"
@@ -528,4 +529,79 @@ fn a_real_forest_packs_into_one_row_per_distinct_prefix() {
     );
     assert_eq!(rows, distinct.len());
     assert!(rows < unpacked);
+}
+
+/// Each tree's root chain (round 0's, grown first: node ids 1, 2, … along its path)
+/// by (prompt, tree): its response tokens and both logprobs.
+fn root_chains(records: &[TrajectoryRecord]) -> Vec<(String, usize, Vec<u32>, Vec<f32>, Vec<f32>)> {
+    records
+        .iter()
+        .filter(|r| r.node_path.iter().enumerate().all(|(i, n)| n.index() == i))
+        .map(|r| {
+            let t = &r.trajectory;
+            (
+                r.prompt_uid.clone(),
+                r.tree_id,
+                t.response_ids.clone(),
+                t.response_logprobs.clone(),
+                t.behaviour_logprobs().to_vec(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn branch_sampling_boosts_branches_only_and_records_what_it_drew_from() {
+    let model = Arc::new(LoadedModel::load(&common::default_model()).unwrap());
+    let options = || RunOptions::new(AdvantageMode::Tree);
+    let (_, plain, _) = run_with(&model, tree_config(true), 64, None, options());
+    let mut boosted_cfg = tree_config(true);
+    // The first 4 tokens of every branch at T = 3 from the 8 most likely.
+    boosted_cfg.branch_sampling = Some("t3k8n4".parse().unwrap());
+    let (_, boosted, _) = run_with(&model, boosted_cfg, 64, None, options());
+    // Root chains never see the option: the same trajectories, logprobs and all.
+    let roots = root_chains(&plain);
+    assert_eq!(roots.len(), 4, "2 prompts × 2 trees");
+    assert_eq!(root_chains(&boosted), roots);
+    for r in &plain {
+        let t = &r.trajectory;
+        assert!(!t.response_boosted.contains(&1));
+        assert_eq!(t.behaviour_logprobs(), t.response_logprobs.as_slice());
+    }
+    let (mut branches, mut off_policy) = (0, 0);
+    for r in &boosted {
+        let t = &r.trajectory;
+        assert_eq!(t.response_behaviour_logprobs.len(), t.response_ids.len());
+        let is_root = r.node_path.iter().enumerate().all(|(i, n)| n.index() == i);
+        let flagged = (0..t.response_ids.len())
+            .filter(|&j| t.is_boosted(j))
+            .count();
+        if is_root {
+            assert_eq!(flagged, 0);
+            continue;
+        }
+        // One boosted span of at most 4 tokens (fewer when the first step is
+        // shorter), at the start of the branch's first step; every other model
+        // token is the policy's own draw (T = 1, no cut).
+        assert!(flagged <= 4, "{flagged} boosted tokens");
+        branches += usize::from(flagged > 0);
+        for j in 0..t.response_ids.len() {
+            if t.response_mask[j] == 1 && !t.is_boosted(j) {
+                assert_eq!(
+                    t.response_behaviour_logprobs[j], t.response_logprobs[j],
+                    "an unboosted token's behaviour is the policy"
+                );
+            } else if t.is_boosted(j) {
+                assert_eq!(t.response_mask[j], 1);
+                off_policy +=
+                    usize::from(t.response_behaviour_logprobs[j] != t.response_logprobs[j]);
+                assert!(t.response_behaviour_logprobs[j] <= 0.0);
+            }
+        }
+    }
+    assert!(branches >= 4, "{branches} boosted branch leaves");
+    assert!(
+        off_policy > 0,
+        "boosted tokens record the boost's distribution"
+    );
 }

@@ -164,3 +164,117 @@ fn checked_constructor_refuses_what_it_cannot_serve() {
     );
     assert_eq!(SamplingError::MinP(1.5).field(), "min_p");
 }
+
+// ---- Branch sampling: tokens drawn from a boost record the boost's probability ----
+
+use treegrpo::engine::sampling::{draw, DrawOptions};
+use treegrpo::engine::Penalties;
+
+/// logits [2, 1, 0, −1] at T: softmax by hand, `exp(l/T) / Σ exp(l/T)`.
+fn hand_softmax(t: f64) -> [f64; 4] {
+    let e = [2.0f64, 1.0, 0.0, -1.0].map(|l| (l / t).exp());
+    let z: f64 = e.iter().sum();
+    e.map(|x| x / z)
+}
+
+const LOGITS: [f32; 4] = [2.0, 1.0, 0.0, -1.0];
+
+fn policy() -> Sampling {
+    Sampling::new(1.0, None, None, None).unwrap()
+}
+
+fn boosted(options_from: Sampling, seed: u64) -> treegrpo::engine::sampling::Drawn {
+    let options = DrawOptions {
+        draw_from: Some(options_from),
+        ..DrawOptions::PLAIN
+    };
+    draw(&LOGITS, &policy(), options, &mut SeqRng::new(seed))
+}
+
+#[test]
+fn a_boosted_token_records_the_boost_temperature_and_the_policy_beside_it() {
+    let boost = Sampling::new(2.0, None, None, None).unwrap();
+    let (p_boost, p_policy) = (hand_softmax(2.0), hand_softmax(1.0));
+    let mut counts = [0usize; 4];
+    for seed in 0..20_000 {
+        let d = boosted(boost, seed);
+        let x = d.sampled.token as usize;
+        counts[x] += 1;
+        assert!((d.behaviour_logprob as f64 - p_boost[x].ln()).abs() < 1e-5);
+        assert!((d.sampled.logprob as f64 - p_policy[x].ln()).abs() < 1e-5);
+    }
+    // The draws follow the boost's distribution, not the policy's: p = (0.455, 0.276,
+    // 0.167, 0.102) at T = 2 against (0.644, 0.237, 0.087, 0.032) at T = 1; 20,000
+    // draws put each share within 0.015 of its probability.
+    for (x, &c) in counts.iter().enumerate() {
+        let share = c as f64 / 20_000.0;
+        assert!(
+            (share - p_boost[x]).abs() < 0.015,
+            "token {x}: {share} vs {}",
+            p_boost[x]
+        );
+    }
+}
+
+#[test]
+fn a_truncated_boost_renormalises_the_behaviour_logprob() {
+    // Top-2 at T = 2: only tokens 0 and 1, with p / (p0 + p1).
+    let boost = Sampling::new(2.0, Some(2), None, None).unwrap();
+    let p = hand_softmax(2.0);
+    for seed in 0..2_000 {
+        let d = boosted(boost, seed);
+        let x = d.sampled.token as usize;
+        assert!(x < 2, "top-2 drew token {x}");
+        let expected = (p[x] / (p[0] + p[1])).ln();
+        assert!((d.behaviour_logprob as f64 - expected).abs() < 1e-5);
+        assert!((d.sampled.logprob as f64 - hand_softmax(1.0)[x].ln()).abs() < 1e-5);
+    }
+    // Top-p 0.7 at T = 2: 0.455 + 0.276 = 0.731 ≥ 0.7 keeps tokens 0 and 1 as well.
+    let nucleus = Sampling::new(2.0, None, Some(0.7), None).unwrap();
+    for seed in 0..500 {
+        let d = boosted(nucleus, seed);
+        let x = d.sampled.token as usize;
+        assert!(x < 2);
+        assert!((d.behaviour_logprob as f64 - (p[x] / (p[0] + p[1])).ln()).abs() < 1e-5);
+    }
+}
+
+#[test]
+fn unboosted_draws_are_the_policy_draws_they_always_were() {
+    // No boost and no truncation: the same token as `sample`, behaviour = policy.
+    for seed in 0..500 {
+        let d = draw(
+            &LOGITS,
+            &policy(),
+            DrawOptions::PLAIN,
+            &mut SeqRng::new(seed),
+        );
+        let s = sample(&LOGITS, &policy(), &mut SeqRng::new(seed));
+        assert_eq!(d.sampled, s);
+        assert_eq!(d.behaviour_logprob, s.logprob);
+    }
+    // A run's own top-k: the policy logprob stays the untruncated one (what a
+    // trainer recomputes), the behaviour is renormalised over the kept tokens.
+    let top2 = Sampling::new(1.0, Some(2), None, None).unwrap();
+    let p = hand_softmax(1.0);
+    let d = draw(&LOGITS, &top2, DrawOptions::PLAIN, &mut SeqRng::new(3));
+    let x = d.sampled.token as usize;
+    assert!((d.sampled.logprob as f64 - p[x].ln()).abs() < 1e-5);
+    assert!((d.behaviour_logprob as f64 - (p[x] / (p[0] + p[1])).ln()).abs() < 1e-5);
+    // Penalties shape the behaviour (the choice), not the policy logprob: a presence
+    // penalty of 2 on token 0 turns its logit 2 into 0.
+    let mut history = treegrpo::engine::penalties::TokenHistory::new([]);
+    history.push_output(0);
+    let penalties = Penalties::new(1.0, 2.0, 0.0).unwrap();
+    let options = DrawOptions {
+        penalties: &penalties,
+        history: Some(&history),
+        ..DrawOptions::PLAIN
+    };
+    let d = draw(&LOGITS, &policy(), options, &mut SeqRng::new(5));
+    let x = d.sampled.token as usize;
+    let shaped = [0.0f64, 1.0, 0.0, -1.0].map(f64::exp);
+    let z: f64 = shaped.iter().sum();
+    assert!((d.behaviour_logprob as f64 - (shaped[x] / z).ln()).abs() < 1e-5);
+    assert!((d.sampled.logprob as f64 - p[x].ln()).abs() < 1e-5);
+}

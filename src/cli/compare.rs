@@ -25,7 +25,10 @@ pub struct CompareArgs {
     pub source: TaskFlags,
     /// Arms, comma-separated: tree[-inter|-intra|-2norm][-M-N-L] or chain[-G]
     /// (`tree` is (2,2,1) with intra + inter advantages, `chain` 4 chains with GRPO),
-    /// a trailing -entropy to expand the most uncertain boundaries.
+    /// a trailing -entropy to expand the most uncertain boundaries, -b<spec> (or
+    /// -treerl) to draw each branch's first tokens wider (the spec of `rollout
+    /// --branch-sampling`, e.g. tree-bt2, tree-treerl), then -mask to leave those
+    /// tokens out of the loss instead of importance-weighting them.
     #[arg(
         long,
         default_value = "tree,chain,tree-inter,tree-intra,tree-2-4-1,tree-entropy"

@@ -133,7 +133,7 @@ mod tests {
     /// shift in the tuple grid — siblings (branch + 1), cousins (branch + 1 at
     /// another depth), the next tree, the next prompt, the next seed — each over
     /// every tuple whose shifted partner is in the grid.
-    fn worst_correlation(seeding: fn(&[u64]) -> SeqRng) -> (f64, [i64; 5]) {
+    fn worst_correlation(seeding: fn(&[u64]) -> SeqRng) -> (f64, [i64; 5], f64) {
         let mut shifts: Vec<[i64; 5]> = Vec::new();
         for depth in -7..=7 {
             shifts.push([0, 0, 0, 1, depth]);
@@ -147,9 +147,10 @@ mod tests {
             [1, 0, 0, 0, 0],
             [0, 1, 1, 1, 1],
         ]);
-        let mut worst = (0.0f64, [0i64; 5]);
+        let mut worst = (0.0f64, [0i64; 5], 0.0f64);
         for shift in shifts {
             let (mut n, mut sx, mut sy, mut sxx, mut syy, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+            let mut equal = 0.0;
             for t in tuples() {
                 let mut u = [0u64; 5];
                 let inside = (0..5).all(|d| {
@@ -162,6 +163,7 @@ mod tests {
                 }
                 let (x, y) = (first_draw(seeding, &t), first_draw(seeding, &u));
                 n += 1.0;
+                equal += f64::from(u8::from(x == y));
                 sx += x;
                 sy += y;
                 sxx += x * x;
@@ -172,8 +174,9 @@ mod tests {
             let var = (sxx / n - (sx / n).powi(2)) * (syy / n - (sy / n).powi(2));
             let r = if var > 0.0 { cov / var.sqrt() } else { 1.0 };
             if r.abs() > worst.0 {
-                worst = (r.abs(), shift);
+                worst = (r.abs(), shift, worst.2);
             }
+            worst.2 = worst.2.max(equal / n);
         }
         worst
     }
@@ -188,17 +191,19 @@ mod tests {
     #[test]
     fn related_streams_draw_uncorrelated_uniforms() {
         // Each relation pairs at least 2,048 streams, so |r| of independent draws
-        // has a standard deviation of at most ~0.022; 0.1 is above 4.5 of them.
-        let (r, shift) = worst_correlation(SeqRng::from_parts);
+        // has a standard deviation of at most ~0.022; 0.1 is above 4.5 of them. And
+        // no two related streams may draw the same first uniform.
+        let (r, shift, equal) = worst_correlation(SeqRng::from_parts);
+        assert!(r < 0.1, "first draws correlate across {shift:?}: |r| = {r}");
+        assert_eq!(equal, 0.0, "related streams drew equal uniforms");
+        // The old seeding fails both: |r| 0.24 between depths 7 apart of one branch,
+        // and 20% of the cousins (branch + 1, depth ± 1) drew the very same uniform.
+        let (r, shift, equal) = worst_correlation(xor_add_seeding);
         assert!(
-            r < 0.1,
-            "first draws correlate across shift {shift:?}: |r| = {r}"
-        );
-        let (r, shift) = worst_correlation(xor_add_seeding);
-        assert!(
-            r > 0.5,
+            r > 0.1,
             "the old seeding should fail: |r| = {r} at {shift:?}"
         );
+        assert!(equal > 0.15, "the old seeding's cousins collide: {equal}");
     }
 
     #[test]
