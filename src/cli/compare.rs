@@ -191,6 +191,18 @@ fn print_table(s: &Summary) {
             a.seeds.len(),
             a.computed_tokens.iter().sum::<u64>() as f64 / a.computed_tokens.len().max(1) as f64
         );
+        if let (Some(d), Some(chain)) = (&a.vs_chain, &s.chain_arm) {
+            println!(
+                "  {:<20} vs {chain}: {:+.3} [{:+.3}, {:+.3}] (95%, {} seeds × {} questions paired){}",
+                "",
+                d.mean_diff,
+                d.ci_low,
+                d.ci_high,
+                d.seeds_paired,
+                d.questions,
+                if d.beats_chain { ": beats it" } else { "" }
+            );
+        }
     }
 }
 

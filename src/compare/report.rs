@@ -1,14 +1,16 @@
 //! `report.md`: the comparison for a reader — the regime it ran in, the table of
-//! final eval rewards (mean ± std over seeds) with what each arm spent, and per step
-//! the learning signal that separates the arms: rollouts per step, the share of
-//! prompts and of trees whose rewards are mixed, and the mean |intra| and |inter|
-//! advantage. The interpretation is left to the reader (and the issue's notes):
-//! numbers only.
+//! final eval rewards (mean ± std over seeds) with what each arm spent, each arm
+//! against chain as a paired difference with its 95% interval and whether it beats
+//! chain, and per step the learning signal that separates the arms: rollouts per
+//! step, the share of prompts and of trees whose rewards are mixed, and the mean
+//! |intra| and |inter| advantage. Beyond the verdict the interval gives, the
+//! interpretation is left to the reader (and the issue's notes): numbers only.
 
 use std::fmt::Write;
 use std::path::Path;
 
 use super::error::CompareError;
+use super::paired::{PairedDiff, RESAMPLES};
 use super::plan::ComparePlan;
 use super::summary::{Summary, SUMMARY_FILE};
 use crate::view::plot::{bands_svg, Band};
@@ -20,6 +22,66 @@ pub const REPORT_FILE: &str = "report.md";
 
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "–".to_string(), |v| format!("{v:.3}"))
+}
+
+/// What the interval says, in words.
+fn verdict(d: &PairedDiff, chain: &str) -> String {
+    if d.beats_chain {
+        "yes: the whole interval is above 0".to_string()
+    } else if d.ci_high < 0.0 {
+        format!("no: worse than {chain} (the whole interval is below 0)")
+    } else {
+        "no: the interval includes 0".to_string()
+    }
+}
+
+/// The table of every arm against the chain arm (nothing without one).
+fn against_chain(r: &mut String, plan: &ComparePlan, s: &Summary) {
+    let Some(chain) = &s.chain_arm else {
+        return;
+    };
+    let _ = writeln!(r, "\n## Against {chain} (paired by seed and question)\n");
+    let _ = writeln!(
+        r,
+        "Each difference is an arm's final greedy reward on one test question minus \
+         {chain}'s on the same question, in the runs of the same seed; the mean is over \
+         every (seed, question) pair. The 95% interval is a two-level bootstrap \
+         ({RESAMPLES} resamples of the seeds, then of the questions within each seed \
+         drawn; percentiles 2.5 and 97.5). An arm beats {chain} when the whole interval \
+         is above 0.\n"
+    );
+    let _ = writeln!(
+        r,
+        "| arm | seeds paired | questions | mean difference | 95% interval | beats {chain}? |"
+    );
+    let _ = writeln!(r, "|---|---|---|---|---|---|");
+    for arm in plan.arms.iter().filter(|a| a.name() != chain) {
+        let Some(a) = s.arms.get(arm.name()) else {
+            continue;
+        };
+        match &a.vs_chain {
+            Some(d) => {
+                let _ = writeln!(
+                    r,
+                    "| {} | {} | {} | {:+.3} | [{:+.3}, {:+.3}] | {} |",
+                    arm.name(),
+                    d.seeds_paired,
+                    d.questions,
+                    d.mean_diff,
+                    d.ci_low,
+                    d.ci_high,
+                    verdict(d, chain)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    r,
+                    "| {} | 0 | – | – | – | not paired: the logs have no per-question rewards |",
+                    arm.name()
+                );
+            }
+        }
+    }
 }
 
 /// The report's Markdown.
@@ -72,6 +134,7 @@ pub fn report(plan: &ComparePlan, s: &Summary) -> String {
             rollouts
         );
     }
+    against_chain(&mut r, plan, s);
     let _ = writeln!(r, "\n## Learning signal per step (mean over seeds)\n");
     let _ = writeln!(
         r,
