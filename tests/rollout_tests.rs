@@ -533,7 +533,9 @@ fn a_real_forest_packs_into_one_row_per_distinct_prefix() {
 
 /// Each tree's root chain (round 0's, grown first: node ids 1, 2, … along its path)
 /// by (prompt, tree): its response tokens and both logprobs.
-fn root_chains(records: &[TrajectoryRecord]) -> Vec<(String, usize, Vec<u32>, Vec<f32>, Vec<f32>)> {
+type RootChain = (String, usize, Vec<u32>, Vec<f32>, Vec<f32>);
+
+fn root_chains(records: &[TrajectoryRecord]) -> Vec<RootChain> {
     records
         .iter()
         .filter(|r| r.node_path.iter().enumerate().all(|(i, n)| n.index() == i))

@@ -32,7 +32,7 @@ use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::rollout::export::TrajectoryRecord;
 use crate::rollout::{
-    run_rollout, BranchingStats, RolloutRequest, RunHooks, RunOptions, TreeConfig,
+    run_rollout, BranchingStats, RolloutRequest, RunHooks, RunOptions, Tree, TreeConfig,
 };
 
 /// Most waves a budgeted step runs (the planner converges in two or three).
@@ -82,6 +82,9 @@ pub struct StepRollouts {
     /// Every kept leaf, prompt by prompt, tree by tree (tree ids numbered across
     /// waves), with its advantage over its prompt's whole group.
     pub records: Vec<TrajectoryRecord>,
+    /// The trees the records' leaves grew in, prompt by prompt, numbered as the
+    /// records number them: what their steps did (actions, observations) is only here.
+    pub trees: Vec<Tree>,
     /// Tokens computed, prefilled (prompt and observation), decoded and reused.
     pub computed: u64,
     /// Prompt and observation tokens computed.
@@ -113,7 +116,7 @@ impl StepRollouts {
 
     /// Where the trees' branches fork and how far apart they end (`None` for chains).
     pub fn branching(&self) -> Option<BranchingStats> {
-        BranchingStats::of_records(&self.records)
+        BranchingStats::of_trees(&self.records, &self.trees)
     }
 
     /// The learning signal of the leaves, grouped by prompt and tree.
@@ -219,8 +222,10 @@ pub async fn step_rollouts(
         .map(|(i, s)| (s.id.to_string(), i))
         .collect();
     let mut per_prompt: Vec<Vec<TrajectoryRecord>> = vec![Vec::new(); n];
+    let mut trees_of: Vec<Vec<Tree>> = vec![Vec::new(); n];
     let mut out = StepRollouts {
         records: Vec::new(),
+        trees: Vec::new(),
         computed: 0,
         prefilled: 0,
         decoded: 0,
@@ -293,6 +298,13 @@ pub async fn step_rollouts(
             r.tree_id += out.trees_per_prompt[p];
             per_prompt[p].push(r);
         }
+        for mut t in result.trees {
+            let Some(&p) = index.get(&t.prompt_uid) else {
+                continue;
+            };
+            t.tree_id += out.trees_per_prompt[p];
+            trees_of[p].push(t);
+        }
         for count in &mut out.trees_per_prompt[..w.prompts] {
             *count += w.trees;
         }
@@ -303,6 +315,7 @@ pub async fn step_rollouts(
         };
     }
     out.records = per_prompt.into_iter().flatten().collect();
+    out.trees = trees_of.into_iter().flatten().collect();
     if out.waves > 1 {
         readvantage(&mut out.records, req.advantage);
     }

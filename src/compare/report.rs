@@ -184,25 +184,31 @@ pub fn report(plan: &ComparePlan, s: &Summary) -> String {
              same answer: the share of sibling pairs that gave the same final answer (such \
              pairs earn the same reward, so give no intra-tree credit); identical: the share of \
              leaves equal to a sibling token for token (a tree of identical leaves is a \
-             chain that cost less).\n"
+             chain that cost less); other calls, other observations: the share of sibling \
+             pairs whose tool calls (tool and query), or the observations they got, differ \
+             (branches that see the same observations explored nothing; – in logs before \
+             they were recorded).\n"
         );
         let _ = writeln!(
             r,
-            "| arm | step | fork depth | leaf depth | own tokens | same answer | identical |"
+            "| arm | step | fork depth | leaf depth | own tokens | same answer | identical \
+             | other calls | other observations |"
         );
-        let _ = writeln!(r, "|---|---|---|---|---|---|---|");
+        let _ = writeln!(r, "|---|---|---|---|---|---|---|---|---|");
         for (arm, a) in branched {
             for st in &a.steps {
                 let _ = writeln!(
                     r,
-                    "| {} | {} | {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                     arm.name(),
                     st.step,
                     opt(st.fork_depth_mean),
                     opt(st.leaf_depth_mean),
                     opt(st.own_token_share),
                     opt(st.answer_agreement),
-                    opt(st.identical_leaf_share)
+                    opt(st.identical_leaf_share),
+                    opt(st.tool_calls_differ_share),
+                    opt(st.observations_differ_share)
                 );
             }
         }

@@ -43,7 +43,7 @@ pub struct StepSignal {
     /// Mean |inter-tree advantage|.
     pub inter_abs_mean: f64,
     /// Mean agent steps before a fork ([`BranchingStats`](crate::rollout::BranchingStats); `None` for chains and
-    /// logs before it was recorded, as are the four below).
+    /// logs before it was recorded, as are the six below).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fork_depth_mean: Option<f64>,
     /// Mean agent steps of a branched tree's leaf.
@@ -58,6 +58,12 @@ pub struct StepSignal {
     /// Share of a branched tree's leaves equal to a sibling token for token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identical_leaf_share: Option<f64>,
+    /// Share of sibling leaf pairs whose tool calls (tool and query) differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls_differ_share: Option<f64>,
+    /// Share of sibling leaf pairs whose observations differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observations_differ_share: Option<f64>,
 }
 
 /// One arm's results.
@@ -184,6 +190,12 @@ fn arm_summary(seeds: Vec<u64>, logs: &[Vec<StepLog>], start: f64) -> ArmSummary
                 own_token_share: signal(&|l| l.branching.map(|b| b.own_token_share)),
                 answer_agreement: signal(&|l| l.branching.map(|b| b.answer_agreement)),
                 identical_leaf_share: signal(&|l| l.branching.map(|b| b.identical_leaf_share)),
+                tool_calls_differ_share: signal(&|l| {
+                    l.branching.and_then(|b| b.tool_calls_differ_share)
+                }),
+                observations_differ_share: signal(&|l| {
+                    l.branching.and_then(|b| b.observations_differ_share)
+                }),
             }
         })
         .collect();

@@ -5,14 +5,21 @@
 //! step-level signal however many there are (the seed's pitfall: branches that differ
 //! only trivially make trees noisy chains). Logged per step by the closed loop and
 //! reported by `treegrpo compare`.
+//!
+//! Tokens say whether siblings were written differently; the trees' nodes say whether
+//! they *did* anything different — called other tools or asked other queries, and so
+//! saw other observations (the method's own check: branches should meet different
+//! observations, else the search explores nothing). Those two shares need the
+//! trees ([`BranchingStats::of_trees`]); records alone give the rest.
 
 use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::export::TrajectoryRecord;
-use super::forest::NodeId;
+use super::forest::{NodeId, Tree};
 use crate::env::normalize::normalize_answer;
+use crate::env::{Action, ActionKind};
 use crate::model::TokenId;
 
 /// The branching of a set of trees' leaves (only trees with at least two leaves).
@@ -38,6 +45,71 @@ pub struct BranchingStats {
     pub answer_agreement: f64,
     /// Share of leaves whose whole response equals a sibling's, token for token.
     pub identical_leaf_share: f64,
+    /// Share of sibling leaf pairs whose tool calls on their root-to-leaf paths differ:
+    /// the sequences of (tool, trimmed argument) as the environment parsed them (a
+    /// final answer and an invalid step are no tool calls). `None` when computed from
+    /// records alone, and in logs written before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls_differ_share: Option<f64>,
+    /// Share of sibling leaf pairs whose observations on their paths differ (every
+    /// text the environment answered a step with, tool results and invalid-action
+    /// feedback alike, in order). `None` as above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observations_differ_share: Option<f64>,
+}
+
+/// One tool call as the environment parsed it: the tool (`None` for a step of an
+/// environment that parses its own steps, whose call is then its whole trimmed text)
+/// and its trimmed argument.
+#[derive(Debug, PartialEq, Eq)]
+struct ToolCall<'a> {
+    tool: Option<ActionKind>,
+    argument: &'a str,
+}
+
+/// What a leaf's path did, step by step: its tool calls and the observations the
+/// environment answered its steps with.
+#[derive(Debug, PartialEq, Eq)]
+struct LeafSteps<'a> {
+    tool_calls: Vec<ToolCall<'a>>,
+    observations: Vec<&'a str>,
+}
+
+impl<'a> LeafSteps<'a> {
+    /// The steps of `path` in `tree`; `None` when the path is not one of the tree's
+    /// (a node it lacks, or a node whose parent is not the one before it): then the
+    /// record was not grown in this tree.
+    fn of_path(tree: &'a Tree, path: &[NodeId]) -> Option<Self> {
+        let mut steps = LeafSteps {
+            tool_calls: Vec::new(),
+            observations: Vec::new(),
+        };
+        let mut parent = None;
+        for &id in path {
+            let node = tree.nodes.get(id.index())?;
+            if node.id != id || node.parent != parent {
+                return None;
+            }
+            parent = Some(id);
+            match &node.action {
+                Some(a @ Action::External { .. }) if a.is_tool_call() => {
+                    steps.tool_calls.push(ToolCall {
+                        tool: None,
+                        argument: node.text.trim(),
+                    })
+                }
+                Some(a) if a.is_tool_call() => steps.tool_calls.push(ToolCall {
+                    tool: a.kind(),
+                    argument: a.content().unwrap_or_default().trim(),
+                }),
+                _ => {}
+            }
+            if let Some(o) = &node.observation {
+                steps.observations.push(o);
+            }
+        }
+        Some(steps)
+    }
 }
 
 /// The leaves of one tree, by index into the records.
@@ -78,10 +150,37 @@ fn mean(sum: f64, n: usize) -> f64 {
 
 impl BranchingStats {
     /// The branching of `records`' trees; `None` when no tree has two leaves (chains).
+    /// Records hold no actions: the tool-call and observation shares are `None` (see
+    /// [`of_trees`](Self::of_trees)).
     pub fn of_records(records: &[TrajectoryRecord]) -> Option<Self> {
+        Self::measure(records, None)
+    }
+
+    /// [`of_records`](Self::of_records) with the tool-call and observation shares,
+    /// read from the trees the records' leaves belong to (matched by prompt and tree
+    /// id). They stay `None` when some record's path is not in `trees`: a share over
+    /// part of the pairs would read as the whole step's.
+    pub fn of_trees(records: &[TrajectoryRecord], trees: &[Tree]) -> Option<Self> {
+        let by_id: HashMap<(&str, usize), &Tree> = trees
+            .iter()
+            .map(|t| ((t.prompt_uid.as_str(), t.tree_id), t))
+            .collect();
+        let steps: Option<Vec<LeafSteps<'_>>> = records
+            .iter()
+            .map(|r| {
+                let tree = by_id.get(&(r.prompt_uid.as_str(), r.tree_id))?;
+                LeafSteps::of_path(tree, &r.node_path)
+            })
+            .collect();
+        Self::measure(records, steps.as_deref())
+    }
+
+    /// The figures over `records`, with `steps[i]` the steps of record `i` when known.
+    fn measure(records: &[TrajectoryRecord], steps: Option<&[LeafSteps<'_>]>) -> Option<Self> {
         let (mut branched, mut leaves, mut forks) = (0usize, 0usize, 0usize);
         let (mut fork_depth, mut leaf_depth, mut own_steps, mut own_tokens) = (0.0, 0.0, 0.0, 0.0);
         let (mut pairs, mut agreeing, mut identical) = (0usize, 0usize, 0usize);
+        let (mut calls_differ, mut observations_differ) = (0usize, 0usize);
         for tree in trees(records).into_iter().filter(|t| t.len() > 1) {
             branched += 1;
             leaves += tree.len();
@@ -123,6 +222,11 @@ impl BranchingStats {
                 for &j in &tree[a + 1..] {
                     pairs += 1;
                     agreeing += usize::from(answer(&records[i]) == answer(&records[j]));
+                    if let Some(steps) = steps {
+                        let (x, y) = (&steps[i], &steps[j]);
+                        calls_differ += usize::from(x.tool_calls != y.tool_calls);
+                        observations_differ += usize::from(x.observations != y.observations);
+                    }
                 }
             }
         }
@@ -136,6 +240,8 @@ impl BranchingStats {
             own_token_share: mean(own_tokens, leaves),
             answer_agreement: mean(agreeing as f64, pairs),
             identical_leaf_share: mean(identical as f64, leaves),
+            tool_calls_differ_share: steps.map(|_| mean(calls_differ as f64, pairs)),
+            observations_differ_share: steps.map(|_| mean(observations_differ as f64, pairs)),
         })
     }
 }
@@ -143,7 +249,8 @@ impl BranchingStats {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::env::{RewardMetric, Score, ScoreDetails};
+    use crate::env::{InvalidReason, RewardMetric, Score, ScoreDetails};
+    use crate::rollout::forest::Node;
     use crate::rollout::Trajectory;
 
     fn leaf(
@@ -217,5 +324,132 @@ mod tests {
         // Pairs: Paris = paris. (normalised), neither = no answer; q's two agree.
         assert!(close(s.answer_agreement, 2.0 / 4.0), "{s:?}");
         assert!(close(s.identical_leaf_share, 2.0 / 5.0), "{s:?}");
+    }
+
+    /// A step below `parent` that took `action` and was answered with `observation`
+    /// (a terminal step when there is none), written as `text`.
+    fn step(tree: &mut Tree, parent: usize, text: &str, action: Action, observation: Option<&str>) {
+        let node = Node {
+            depth: tree.nodes[parent].depth + 1,
+            text: text.to_string(),
+            terminal: observation.is_none(),
+            observation: observation.map(str::to_string),
+            action: Some(action),
+            ..Node::root()
+        };
+        tree.push_child(NodeId::new(parent), node);
+    }
+
+    fn search(q: &str) -> Action {
+        Action::Search(q.to_string())
+    }
+
+    fn answer_with(a: &str) -> Action {
+        Action::Answer(a.to_string())
+    }
+
+    #[test]
+    fn tool_calls_and_observations_differ_by_hand() {
+        // Prompt p, tree 0: one search, then four ways on.
+        let mut p = Tree::new("p".into(), 0);
+        step(
+            &mut p,
+            0,
+            "",
+            search("capital of France"),
+            Some("Paris is the capital"),
+        );
+        step(
+            &mut p,
+            1,
+            "",
+            search("Paris population"),
+            Some("2.1 million"),
+        );
+        step(&mut p, 2, "", answer_with("Paris"), None);
+        // The same query written with spaces around it: the same call.
+        step(
+            &mut p,
+            1,
+            "",
+            search("  Paris population "),
+            Some("2.1 million"),
+        );
+        step(&mut p, 4, "", answer_with("Paris"), None);
+        // An invalid step is no tool call, but its feedback is an observation.
+        let invalid = Action::Invalid(InvalidReason::NoAction);
+        step(&mut p, 2, "", invalid, Some("invalid action"));
+        step(&mut p, 6, "", answer_with("x"), None);
+        step(&mut p, 1, "", answer_with("Lyon"), None);
+        // Prompt q, tree 0: the same argument to another tool is another call.
+        let mut q = Tree::new("q".into(), 0);
+        step(&mut q, 0, "", search("2+2"), Some("4"));
+        step(&mut q, 1, "", answer_with("4"), None);
+        step(&mut q, 0, "", Action::Calc("2+2".into()), Some("4"));
+        step(&mut q, 3, "", answer_with("4"), None);
+        // Prompt r, tree 0: an environment that reads its own steps: its calls are
+        // their trimmed texts, the same here.
+        let mut r = Tree::new("r".into(), 0);
+        let call = Action::External { continues: true };
+        let end = Action::External { continues: false };
+        step(&mut r, 0, " lookup(a) ", call.clone(), Some("A"));
+        step(&mut r, 1, "done", end.clone(), None);
+        step(&mut r, 0, "lookup(a)", call, Some("A"));
+        step(&mut r, 3, "done", end, None);
+        let records = [
+            leaf("p", 0, &[0, 1, 2, 3], &[1, 2, 3], Some("Paris")),
+            leaf("p", 0, &[0, 1, 4, 5], &[1, 4, 3], Some("Paris")),
+            leaf("p", 0, &[0, 1, 2, 6, 7], &[1, 2, 6, 7], Some("x")),
+            leaf("p", 0, &[0, 1, 8], &[1, 8], Some("Lyon")),
+            leaf("q", 0, &[0, 1, 2], &[1, 2], Some("4")),
+            leaf("q", 0, &[0, 3, 4], &[3, 4], Some("4")),
+            leaf("r", 0, &[0, 1, 2], &[1, 2], None),
+            leaf("r", 0, &[0, 3, 4], &[3, 4], None),
+        ];
+        let trees = [p, q, r];
+        let s = BranchingStats::of_trees(&records, &trees).unwrap();
+        // p's leaves call [capital, population] (3 and 5: the spaces trimmed, and 7:
+        // the invalid step is no call) or [capital] (8); they see [capital's,
+        // population's] (3, 5), those and the feedback (7), or [capital's] (8).
+        // Pairs 3–5, 3–7, 3–8, 5–7, 5–8, 7–8: calls differ in the three with 8,
+        // observations in all but 3–5. q's pair: calls differ, observations do not.
+        // r's pair: neither. So 4 of 8 pairs and 5 of 8.
+        assert_eq!(s.tool_calls_differ_share, Some(4.0 / 8.0), "{s:?}");
+        assert_eq!(s.observations_differ_share, Some(5.0 / 8.0), "{s:?}");
+        // The other figures are the records' own.
+        let from_records = BranchingStats::of_records(&records).unwrap();
+        assert_eq!(
+            BranchingStats {
+                tool_calls_differ_share: None,
+                observations_differ_share: None,
+                ..s
+            },
+            from_records
+        );
+        // A record whose tree is missing, or whose path is not its tree's (p's tree
+        // named r: its node 3 is not below the root): no shares over part of the pairs.
+        let mut wrong = trees[0].clone();
+        wrong.prompt_uid = "r".into();
+        let [p, q, _] = trees;
+        for trees in [vec![p.clone(), q.clone()], vec![p, q, wrong]] {
+            let s = BranchingStats::of_trees(&records, &trees).unwrap();
+            assert_eq!(s, from_records);
+        }
+    }
+
+    #[test]
+    fn logs_before_the_shares_still_read() {
+        // Step 1's branching of benchmarks/learning/search-qa's tree-2-4-1 run.
+        let old = r#"{"branched_trees": 15, "leaves": 75, "forks": 40, "fork_depth_mean": 0.875,
+            "leaf_depth_mean": 2.5733333333333333, "own_steps_mean": 1.7733333333333334,
+            "own_token_share": 0.10898706417578073, "answer_agreement": 0.6333333333333333,
+            "identical_leaf_share": 0.68}"#;
+        let s: BranchingStats = serde_json::from_str(old).unwrap();
+        assert_eq!((s.leaves, s.identical_leaf_share), (75, 0.68));
+        assert_eq!(s.tool_calls_differ_share, None);
+        assert_eq!(s.observations_differ_share, None);
+        // And they are not written when unknown, so such a line reads as it was.
+        let back: serde_json::Value = serde_json::to_value(s).unwrap();
+        assert!(back.get("tool_calls_differ_share").is_none(), "{back}");
     }
 }

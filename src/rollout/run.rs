@@ -315,6 +315,7 @@ pub async fn run_rollout(
         shared_prefix,
         kept.forests,
         &kept.records,
+        &kept.trees,
         n,
         &after,
         &stats,
@@ -416,6 +417,7 @@ fn summarize(
     shared_prefix: TokenSummary,
     forests: Vec<ForestSummary>,
     records: &[TrajectoryRecord],
+    trees: &[Tree],
     prompts: usize,
     after: &EngineCounters,
     start: &EngineStats,
@@ -454,6 +456,6 @@ fn summarize(
         interrupted,
         shared_prefix,
         forests,
-        branching: BranchingStats::of_records(records),
+        branching: BranchingStats::of_trees(records, trees),
     }
 }
