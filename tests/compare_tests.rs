@@ -4,6 +4,9 @@
 //! comparison's bookkeeping, which does not depend on the model's size:
 //!
 //! - `summary.json` has the shape, and `eval.svg` and `report.md` are written;
+//! - every eval line of every log carries each test question's reward by id, whose
+//!   mean is the line's eval reward, and the tree arm's `vs_chain` is the mean of its
+//!   final rewards minus chain's, question by question, inside its interval;
 //! - every run kept to the step budget: the waves added trees (chains) until each
 //!   step's share was spent, what a step overran carried to the next, so after step
 //!   `k` every run computed `k ×` the budget up to what one tree costs;
@@ -15,7 +18,10 @@
 //! - a comparison interrupted by SIGINT in the middle of its first run, then rerun
 //!   with the same command, writes the same summary and the same logs as one that was
 //!   never interrupted; a rerun with more steps extends every run, one with more arms
-//!   adds their runs; a rerun with other settings is refused.
+//!   adds their runs; a rerun with other settings is refused;
+//! - the added arm is a diverse tree (`-bt3k16n8`): its steps trained on boosted tokens,
+//!   and the update saw their behaviour logprobs (a gap between its own logprobs and
+//!   the rollouts' that is exactly 0 for the plain arms).
 
 mod common;
 
@@ -35,6 +41,8 @@ const PROMPTS: usize = 2;
 const WARM_START: usize = 2;
 const BUDGET: u64 = 6000;
 const ARMS: [&str; 2] = ["tree-1-2-1", "chain-2"];
+/// The arm added on a rerun: a tree whose branches start from a wider distribution.
+const DIVERSE: &str = "tree-1-2-1-bt3k16n8";
 
 fn treegrpo() -> Command {
     Command::new(env!("CARGO_BIN_EXE_treegrpo"))
@@ -134,6 +142,28 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
     }
     assert_eq!(s["task"], "calc");
     assert_eq!(s["eval_questions"], 2);
+    // The tree arm against the chain arm (the plan's only one), paired by seed and
+    // question; the chain arm is not compared with itself.
+    assert_eq!(s["chain_arm"], ARMS[1]);
+    assert!(s["arms"][ARMS[1]].get("vs_chain").is_none());
+    let vs = &s["arms"][ARMS[0]]["vs_chain"];
+    let figure = |key: &str| vs[key].as_f64().unwrap_or_else(|| panic!("{key}: {vs}"));
+    let (mean_diff, ci_low, ci_high) = (figure("mean_diff"), figure("ci_low"), figure("ci_high"));
+    assert!(ci_low <= mean_diff && mean_diff <= ci_high, "{vs}");
+    assert!(
+        (-1.0..=1.0).contains(&ci_low) && (-1.0..=1.0).contains(&ci_high),
+        "{vs}"
+    );
+    assert_eq!(
+        (&vs["seeds_paired"], &vs["questions"]),
+        (&1.into(), &2.into())
+    );
+    assert_eq!(vs["beats_chain"], ci_low > 0.0, "{vs}");
+    assert!(
+        report.contains("## Against chain-2 (paired by seed and question)"),
+        "the paired table"
+    );
+    assert!(report.contains("| tree-1-2-1 | 1 | 2 |"), "the paired row");
     for arm in ARMS {
         let a = &s["arms"][arm];
         assert_eq!(a["seeds"], serde_json::json!([3]), "{arm}");
@@ -158,6 +188,47 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
     // to within what one tree (chain) costs, and the waves grew more than the first
     // wave's trees to get there.
     let logs: Vec<Vec<StepLog>> = ARMS.iter().map(|arm| timeless(&whole, arm)).collect();
+
+    // Every evaluation's reward per test question, by id in the test split's order;
+    // their mean is the eval reward. The tree arm's mean difference is its final
+    // rewards minus chain's, question by question.
+    let test_ids: Vec<String> = Task::Calc
+        .split(&TaskData::Embedded, Split::Test, 2)
+        .unwrap()
+        .iter()
+        .map(|q| q.id.to_string())
+        .collect();
+    let mut finals = Vec::new();
+    for (arm, log) in ARMS.iter().zip(&logs) {
+        let evals: Vec<&StepLog> = log.iter().filter(|l| l.eval_reward.is_some()).collect();
+        assert!(!evals.is_empty(), "{arm}: no eval line");
+        for line in &evals {
+            let per_question = line.eval_per_question().unwrap();
+            let ids: Vec<&str> = per_question.iter().map(|q| q.0).collect();
+            assert_eq!(ids, test_ids, "{arm} step {}", line.step);
+            let mean = per_question.iter().map(|q| q.1).sum::<f64>() / 2.0;
+            let eval = line.eval_reward.unwrap();
+            assert!(
+                (mean - eval).abs() < 1e-12,
+                "{arm} step {}: {mean} against {eval}",
+                line.step
+            );
+        }
+        for line in log.iter().filter(|l| l.eval_reward.is_none()) {
+            assert!(
+                line.eval_rewards.is_none() && line.eval_question_ids.is_none(),
+                "{arm}"
+            );
+        }
+        finals.push(evals.last().unwrap().eval_rewards.clone().unwrap());
+    }
+    let diffs: Vec<f64> = finals[0]
+        .iter()
+        .zip(&finals[1])
+        .map(|(t, c)| t - c)
+        .collect();
+    let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
+    assert!((mean - mean_diff).abs() < 1e-12, "{mean} against {vs}");
     for (arm, log) in ARMS.iter().zip(&logs) {
         assert_eq!(log.len(), STEPS + 1, "{arm}");
         for line in log.iter().filter(|l| l.step > 0) {
@@ -277,14 +348,48 @@ fn tiny_comparison_summary_budgets_starts_prompts_and_resume() {
         );
     }
 
-    // More arms add their runs; the others are kept as they are.
+    // More arms add their runs; the others are kept as they are. The added arm is a
+    // diverse tree: its branches' first 8 tokens drawn at T = 3 from the top 16.
     let mut wider = more.clone();
     let at = wider.iter().position(|a| a == "--arms").unwrap() + 1;
-    wider[at] = format!("{},chain-1", ARMS.join(","));
+    wider[at] = format!("{},{DIVERSE}", ARMS.join(","));
     run_ok(treegrpo().args(&wider));
     let widened = summary(&cut);
     assert_eq!(widened["arms"][ARMS[0]], extended["arms"][ARMS[0]]);
-    assert_eq!(widened["arms"]["chain-1"]["seeds"], serde_json::json!([3]));
+    assert_eq!(widened["arms"][DIVERSE]["seeds"], serde_json::json!([3]));
+    assert!(widened["arms"][DIVERSE]["vs_chain"]["mean_diff"].is_number());
+
+    // The behaviour logprobs reach the update: a plain arm's trainer logprobs equal
+    // its rollouts' bit for bit (one decoder, on-policy), the diverse arm's boosted
+    // tokens were drawn from another distribution than the policy's, and the update
+    // measured that gap against what the rollouts recorded — had it been handed the
+    // policy's logprobs, the gap would be 0 there too.
+    for arm in ARMS {
+        for line in timeless(&cut, arm).iter().filter(|l| l.step > 0) {
+            assert_eq!(line.boosted_tokens, 0, "{arm} step {}", line.step);
+            assert_eq!(
+                line.rollout_logprob_diff_max,
+                Some(0.0),
+                "{arm} step {}",
+                line.step
+            );
+        }
+    }
+    let diverse = timeless(&cut, DIVERSE);
+    assert_eq!(diverse.len(), STEPS + 2, "{DIVERSE}: every step");
+    for line in diverse.iter().filter(|l| l.step > 0) {
+        assert!(
+            line.boosted_tokens > 0,
+            "step {}: nothing boosted",
+            line.step
+        );
+        let gap = line.rollout_logprob_diff_max.unwrap();
+        assert!(
+            gap > 0.0,
+            "step {}: the update saw no boosted token",
+            line.step
+        );
+    }
     // Fewer arms than the folder's is another experiment.
     let output = treegrpo()
         .args(compare_args(&cut, &model, "3"))

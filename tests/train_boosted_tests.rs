@@ -3,11 +3,13 @@
 //! behaviour logprob they were recorded with, token by token, and masking leaves them
 //! out of the loss.
 //!
-//! The oracle: with the KL and entropy terms off, on-policy ratios (1) and a positive
-//! advantage `A`, a token's loss gradient is `∂loss/∂logp_t = −A·tis_t / N` (token-mean
-//! over N loss tokens), so `tis_t = −N·g_t / A` reads each token's weight back out of
-//! the gradient, to compare with `min(exp(π_t − μ_t), cap)` recomputed from the
-//! trainer's own logprobs π and the recorded behaviour μ.
+//! The oracle: with the KL and entropy terms off, on-policy ratios (1) and an
+//! advantage `A`, the token-mean loss over N loss tokens is `−A·Σ_t tis_t / N` and the
+//! reported mean weight is `Σ_t tis_t / N`. With a behaviour gap on one token `j` only,
+//! every other weight is 1, so both give `tis_j` back — compared with
+//! `min(exp(π_j − μ_j), cap)` recomputed from the trainer's own logprob π and the
+//! recorded behaviour μ — and the weight's effect on the gradient is linear: the
+//! gradient moves from the unboosted one by `(tis_j − 1)` times one direction.
 
 mod common;
 
@@ -17,7 +19,7 @@ use treegrpo::closed_loop::samples::{train_sample, BoostedTokens};
 use treegrpo::model::LoadedModel;
 use treegrpo::rollout::Trajectory;
 use treegrpo::train::pack::pack;
-use treegrpo::train::{loss_and_gradients, LossConfig, Params, TrainSample, UpdateConfig};
+use treegrpo::train::{loss_and_gradients, LossConfig, Params, UpdateConfig};
 
 fn params() -> Params {
     let tmp = tempfile::tempdir().unwrap();
@@ -80,43 +82,82 @@ fn branch_trajectory(p: &Params, gaps: [f64; 3]) -> Trajectory {
     t
 }
 
-/// Each loss token's TIS weight, read back from its gradient (see the module docs).
-fn weights_from_gradient(p: &Params, s: &TrainSample, advantage: f64) -> Vec<f64> {
-    let out = loss_and_gradients(p, std::slice::from_ref(s), &config(), true).unwrap();
+/// What one update of `t` at `advantage` gives: the per-token weight read back from
+/// the loss, the one read back from the reported mean weight (both with every token
+/// but `j` at weight 1), and the flattened gradient.
+struct Weighed {
+    from_loss: f64,
+    from_mean: f64,
+    grads: Vec<f64>,
+}
+
+fn weigh(p: &Params, t: &Trajectory, advantage: f64) -> Weighed {
+    let s = train_sample(t, advantage, Some(BoostedTokens::Corrected));
+    let out = loss_and_gradients(p, &[s], &config(), true).unwrap();
     let n = out.loss.tokens as f64;
-    out.loss
-        .grad_logp
+    assert_eq!(out.loss.tokens, 8, "8 model tokens are loss tokens");
+    let grads = out
+        .grads
+        .unwrap()
         .iter()
-        .map(|g| -g * n / advantage)
-        .collect()
+        .flat_map(|g| g.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+        .map(f64::from)
+        .collect();
+    Weighed {
+        from_loss: -out.loss.pg_loss * n / advantage - (n - 1.0),
+        from_mean: out.loss.tis_mean * n - (n - 1.0),
+        grads,
+    }
 }
 
 #[test]
 fn boosted_tokens_are_weighted_by_their_behaviour_logprob_token_by_token() {
     let p = params();
-    // exp(gap): 0.61 (below 1), 1.65 (inside the cap), 4.48 (capped at 2).
-    let gaps = [-0.5, 0.5, 1.5];
-    let t = branch_trajectory(&p, gaps);
-    assert_eq!(t.response_boosted, vec![1, 1, 1, 0, 0, 0, 0, 0, 0, 0]);
     let advantage = 0.8;
-    let s = train_sample(&t, advantage, Some(BoostedTokens::Corrected));
-    let got = weights_from_gradient(&p, &s, advantage);
-    let policy = trainer_logprobs(&p, &t);
-    let expected: Vec<f64> = (0..t.response_ids.len())
-        .filter(|&j| t.response_mask[j] == 1)
-        .map(|j| {
+    let plain = weigh(&p, &branch_trajectory(&p, [0.0; 3]), advantage);
+    assert!((plain.from_loss - 1.0).abs() < 1e-5, "{}", plain.from_loss);
+    // exp(gap): 0.61 (below 1), 1.65 (inside the cap), 4.48 (capped at 2); and at
+    // half the gap 0.78, 1.28, 2.12 (capped again).
+    for (j, gap) in [-0.5, 0.5, 1.5].into_iter().enumerate() {
+        let weighed = |gap: f64| {
+            let mut gaps = [0.0; 3];
+            gaps[j] = gap;
+            let t = branch_trajectory(&p, gaps);
+            assert_eq!(t.response_boosted, vec![1, 1, 1, 0, 0, 0, 0, 0, 0, 0]);
+            let policy = trainer_logprobs(&p, &t)[j];
             let behaviour = t.response_behaviour_logprobs[j] as f64;
-            ((policy[j] as f32) as f64 - behaviour).exp().min(2.0)
-        })
-        .collect();
-    assert_eq!(got.len(), 8, "8 model tokens are loss tokens");
-    for (k, (g, e)) in got.iter().zip(&expected).enumerate() {
-        assert!((g - e).abs() < 1e-4, "token {k}: weight {g}, oracle {e}");
+            let oracle = ((policy as f32) as f64 - behaviour).exp().min(2.0);
+            let got = weigh(&p, &t, advantage);
+            for w in [got.from_loss, got.from_mean] {
+                assert!(
+                    (w - oracle).abs() < 1e-4,
+                    "token {j}: weight {w}, oracle {oracle}"
+                );
+            }
+            (oracle, got.grads)
+        };
+        let (w, full) = weighed(gap);
+        let (w_half, half) = weighed(gap / 2.0);
+        // The weight reaches the gradient, linearly: G(w) − G(1) ∝ (w − 1).
+        let moved: Vec<f64> = full
+            .iter()
+            .zip(&plain.grads)
+            .map(|(g, g0)| g - g0)
+            .collect();
+        let norm = moved.iter().map(|d| d * d).sum::<f64>().sqrt();
+        assert!(
+            norm > 1e-6,
+            "token {j}: its weight did not reach the gradient"
+        );
+        let scale = (w_half - 1.0) / (w - 1.0);
+        for (k, (g, g0)) in half.iter().zip(&plain.grads).enumerate() {
+            let expected = g0 + moved[k] * scale;
+            assert!(
+                (g - expected).abs() < 1e-4 * norm + 1e-7,
+                "token {j}, gradient entry {k}: {g} against {expected}"
+            );
+        }
     }
-    // The boosted ones are the corrected ones: 0.61, 1.65, 2 (capped); the rest 1.
-    assert!((got[0] - (-0.5f64).exp()).abs() < 1e-4);
-    assert!((got[2] - 2.0).abs() < 1e-4);
-    assert!(got[3..].iter().all(|w| (w - 1.0).abs() < 1e-4));
 }
 
 #[test]

@@ -85,8 +85,16 @@ pub struct StepLog {
     pub clip_fraction: f64,
     /// Mean truncated importance weight over the loss tokens.
     pub tis_mean: f64,
+    /// Response tokens of the step's trajectories drawn from a branch sampling's
+    /// wider distribution (counted per leaf, as the update counts tokens; absent
+    /// when none were, as without `--branch-sampling`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub boosted_tokens: usize,
     /// Max and mean `|trainer log p − rollout log p|` over the step's loss tokens
     /// (verl's `rollout_probs_diff`); absent on step 0 and in logs of older builds.
+    /// The rollout's are the behaviour logprobs, so boosted tokens open a gap here
+    /// and, on-policy and without them, it is exactly 0 (one decoder samples and
+    /// trains).
     #[serde(default)]
     pub rollout_logprob_diff_max: Option<f64>,
     /// The mean of the same gap; absent likewise.
@@ -126,6 +134,7 @@ impl StepLog {
             grad_norm: 0.0,
             clip_fraction: 0.0,
             tis_mean: 0.0,
+            boosted_tokens: 0,
             rollout_logprob_diff_max: None,
             rollout_logprob_diff_mean: None,
             lr: 0.0,
@@ -175,6 +184,7 @@ impl StepLog {
             grad_norm: m.grad_norm,
             clip_fraction: m.clip_fraction,
             tis_mean: m.tis_mean,
+            boosted_tokens: rollouts.boosted_tokens(),
             rollout_logprob_diff_max: m.rollout_logprob_diff_max,
             rollout_logprob_diff_mean: m.rollout_logprob_diff_mean,
             lr: m.lr,
@@ -329,4 +339,9 @@ mod tests {
         };
         assert_eq!(torn.eval_per_question(), None);
     }
+}
+
+/// serde's `skip_serializing_if` for counts that older logs do not have.
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }

@@ -104,6 +104,22 @@ pub struct StepRollouts {
 }
 
 impl StepRollouts {
+    /// Response tokens drawn from a branch sampling's wider distribution, summed
+    /// over the leaves (a shared branch start counts once per leaf, as the update
+    /// counts it).
+    pub fn boosted_tokens(&self) -> usize {
+        self.records
+            .iter()
+            .map(|r| {
+                r.trajectory
+                    .response_boosted
+                    .iter()
+                    .filter(|&&b| b == 1)
+                    .count()
+            })
+            .sum()
+    }
+
     /// Mean reward over the leaves (0 without any).
     pub fn mean_reward(&self) -> f64 {
         let n = self.records.len().max(1) as f64;
