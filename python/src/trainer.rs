@@ -72,7 +72,7 @@ impl Trainer {
         advantage=None, max_turns=3, max_step_tokens=256, temperature=1.0,
         branch_sampling=None, boosted_tokens="corrected", concurrent_prompts=16, eval_every=0, eval_prompts=20, checkpoint_every=1,
         serve_format="f32", kl_reference="previous", env_timeout=30.0, event_loop=None,
-        **update_options
+        overwrite=false, **update_options
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -105,6 +105,7 @@ impl Trainer {
         kl_reference: &str,
         env_timeout: f64,
         event_loop: Option<&Bound<'_, PyAny>>,
+        overwrite: bool,
         update_options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         if prompts_per_step == 0 {
@@ -215,7 +216,8 @@ impl Trainer {
             out_dir,
         )
         .map_err(loop_error)?
-        .with_source(source);
+        .with_source(source)
+        .overwriting(overwrite);
         Ok(Trainer {
             run: Mutex::new(Some(run)),
         })

@@ -9,8 +9,9 @@ use candle_core::DType;
 use clap::{Args, ValueEnum};
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::closed_loop::{
-    run_warm_start, BoostedTokens, LoopConfig, LoopEvent, LoopOutcome, RunSource, RunStart,
-    SftConfig, StepLog, StopSignal, TrainRun, WarmStartConfig, WarmStartInputs,
+    prepare_fresh_folder, run_warm_start, BoostedTokens, LoopConfig, LoopEvent, LoopOutcome,
+    RunSource, RunStart, SftConfig, StepLog, StopSignal, TrainRun, WarmStartConfig,
+    WarmStartInputs,
 };
 use treegrpo::engine::{Engine, EngineConfig};
 use treegrpo::env::{Environment, QaSample, Split};
@@ -101,9 +102,15 @@ pub struct TrainArgs {
     /// DIR/run.json.
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     pub resume: Option<PathBuf>,
-    /// Run folder: log.jsonl, checkpoint/, run.json, reward.svg.
+    /// Run folder: log.jsonl, checkpoint/, run.json, reward.svg. A folder that holds
+    /// a run already is refused (its history is kept): `--resume` continues it,
+    /// `--overwrite` starts over.
     #[arg(long, required_unless_present = "resume")]
     pub out: Option<PathBuf>,
+    /// With `--out`: replace the run already in the folder (its log, checkpoints and
+    /// reference weights are deleted as the new run starts).
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite: bool,
 }
 
 impl From<ServeFormat> for WeightFormat {
@@ -147,6 +154,11 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         .clone()
         .or(a.out.clone())
         .ok_or_else(|| anyhow::anyhow!("--out or --resume is required"))?;
+    if start.resumed.is_none() {
+        // Before the model loads and the warm-start runs: a refused folder costs
+        // nothing.
+        prepare_fresh_folder(&out, a.overwrite)?;
+    }
     let loaded = load(&a, &start)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -265,7 +277,8 @@ fn prepare(
     let run = TrainRun::new(
         l.engine, l.model, l.env, l.train, l.test, params, optimizer, config, out,
     )?
-    .with_source(source);
+    .with_source(source)
+    .overwriting(a.overwrite);
     if let Some(served) = warm.and_then(|w| w.served) {
         run.set_served(served);
     }

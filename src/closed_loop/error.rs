@@ -27,6 +27,14 @@ pub enum LoopError {
     /// The cause is the `source` (printed once by a chain-printing caller).
     #[error("{}", .0.display())]
     Io(PathBuf, #[source] std::io::Error),
+    /// A fresh run asked to write where a run already is: its history is kept.
+    #[error(
+        "{} already holds a training run (its log.jsonl or checkpoint): resume it to \
+         continue (treegrpo train --resume; Python: Trainer.resume()), or start over \
+         explicitly (treegrpo train --overwrite; Python: overwrite=True)",
+        .0.display()
+    )]
+    RunExists(PathBuf),
     /// A run folder that cannot be resumed (`message` says what it lacks).
     #[error("cannot resume from {path}: {message}")]
     Resume {

@@ -237,46 +237,129 @@ pub struct LogFile {
     file: File,
 }
 
+/// A log read back for a resume: its whole lines, and whether a torn last line (one
+/// a crash or a full disk cut short: no final newline, not a step line) was dropped.
+#[derive(Debug)]
+pub struct ReadBack {
+    /// Every whole line, in order.
+    pub lines: Vec<StepLog>,
+    /// The 1-based number of the torn last line that was left out.
+    pub torn_line: Option<usize>,
+}
+
 impl LogFile {
-    /// `DIR/log.jsonl`, created empty.
-    pub fn create(dir: &Path) -> Result<Self, LoopError> {
+    /// `DIR/log.jsonl` for a fresh run, created empty; an existing one is an error
+    /// ([`LoopError::RunExists`]), never truncated.
+    pub fn create_new(dir: &Path) -> Result<Self, LoopError> {
         let path = dir.join("log.jsonl");
-        let file = File::create(&path).map_err(|e| LoopError::Io(path.clone(), e))?;
+        let file = File::options()
+            .append(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::AlreadyExists => LoopError::RunExists(dir.to_path_buf()),
+                _ => LoopError::Io(path.clone(), e),
+            })?;
+        sync_dir(dir)?;
         Ok(LogFile { path, file })
     }
 
     /// `DIR/log.jsonl` cut back to the lines of steps `0..=last_step` (what a resume
-    /// from the checkpoint of `last_step` keeps), which are returned.
-    pub fn resume(dir: &Path, last_step: u64) -> Result<(Self, Vec<StepLog>), LoopError> {
+    /// from the checkpoint of `last_step` keeps), which are returned with whether a
+    /// torn last line was dropped. The kept lines go to `log.jsonl.partial`, synced,
+    /// which is then renamed over the log: a crash at any point leaves the old log or
+    /// the new one whole, so the next resume has the history either way.
+    pub fn resume(dir: &Path, last_step: u64) -> Result<(Self, ReadBack), LoopError> {
         let path = dir.join("log.jsonl");
-        let lines = read_log(&path)?;
-        let kept: Vec<StepLog> = lines.into_iter().filter(|l| l.step <= last_step).collect();
+        let read = read_log_for_resume(&path)?;
+        let kept: Vec<StepLog> = read
+            .lines
+            .into_iter()
+            .filter(|l| l.step <= last_step)
+            .collect();
         if kept.last().map(|l| l.step) != Some(last_step) {
             return Err(LoopError::Resume {
                 path,
                 message: format!("the log has no line for the checkpoint's step {last_step}"),
             });
         }
-        let mut log = Self::create(dir)?;
+        let partial = dir.join("log.jsonl.partial");
+        let io = |p: &Path| {
+            let p = p.to_path_buf();
+            move |e| LoopError::Io(p, e)
+        };
+        let mut text = String::new();
         for line in &kept {
-            log.append(line)?;
+            text.push_str(&serde_json::to_string(line).expect("a step line serialises"));
+            text.push('\n');
         }
-        Ok((log, kept))
+        let mut file = File::create(&partial).map_err(io(&partial))?;
+        file.write_all(text.as_bytes()).map_err(io(&partial))?;
+        file.sync_all().map_err(io(&partial))?;
+        drop(file);
+        std::fs::rename(&partial, &path).map_err(io(&path))?;
+        sync_dir(dir)?;
+        let file = File::options()
+            .append(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        let read = ReadBack {
+            lines: kept,
+            torn_line: read.torn_line,
+        };
+        Ok((LogFile { path, file }, read))
     }
 
     /// Appends one line and syncs it to disk.
     pub fn append(&mut self, line: &StepLog) -> Result<(), LoopError> {
         let io = |e| LoopError::Io(self.path.clone(), e);
-        let text = serde_json::to_string(line).expect("a step line serialises");
-        writeln!(self.file, "{text}").map_err(io)?;
+        let mut text = serde_json::to_string(line).expect("a step line serialises");
+        // One write of the whole line: a crash cuts at most this line short.
+        text.push('\n');
+        self.file.write_all(text.as_bytes()).map_err(io)?;
         self.file.sync_data().map_err(io)
     }
+}
+
+/// Flushes a folder's entries (a file created or renamed in it) to disk.
+fn sync_dir(dir: &Path) -> Result<(), LoopError> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| LoopError::Io(dir.to_path_buf(), e))
 }
 
 /// Every line of a `log.jsonl`; a bad line is an error naming file and line.
 pub fn read_log(path: &Path) -> Result<Vec<StepLog>, LoopError> {
     let text = std::fs::read_to_string(path).map_err(|e| LoopError::Io(path.to_path_buf(), e))?;
+    parse_lines(path, &text, text.lines().count())
+}
+
+/// [`read_log`] that drops a torn last line (no final newline and not a step line:
+/// the write a crash or a full disk cut short) instead of failing on it. A bad line
+/// anywhere else is still an error: that is not what an interrupted append leaves.
+pub fn read_log_for_resume(path: &Path) -> Result<ReadBack, LoopError> {
+    let text = std::fs::read_to_string(path).map_err(|e| LoopError::Io(path.to_path_buf(), e))?;
+    let count = text.lines().count();
+    let last = text.lines().last().unwrap_or_default();
+    let torn = !text.ends_with('\n')
+        && !last.trim().is_empty()
+        && serde_json::from_str::<StepLog>(last).is_err();
+    let whole = if torn { count - 1 } else { count };
+    Ok(ReadBack {
+        lines: parse_lines(path, &text, whole)?,
+        torn_line: torn.then_some(count),
+    })
+}
+
+/// The first `take` lines of `text` (blank ones skipped) as step lines.
+fn parse_lines(path: &Path, text: &str, take: usize) -> Result<Vec<StepLog>, LoopError> {
     text.lines()
+        .take(take)
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
@@ -287,6 +370,11 @@ pub fn read_log(path: &Path) -> Result<Vec<StepLog>, LoopError> {
             })
         })
         .collect()
+}
+
+/// serde's `skip_serializing_if` for counts that older logs do not have.
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]
@@ -339,9 +427,4 @@ mod tests {
         };
         assert_eq!(torn.eval_per_question(), None);
     }
-}
-
-/// serde's `skip_serializing_if` for counts that older logs do not have.
-fn is_zero(n: &usize) -> bool {
-    *n == 0
 }

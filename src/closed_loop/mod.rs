@@ -31,12 +31,15 @@ pub mod warm;
 pub use config::LoopConfig;
 pub use error::LoopError;
 pub use eval::{evaluate, Evaluation, QuestionReward};
-pub use log::{read_log, LogFile, StepLog, StepTokens};
+pub use log::{read_log, read_log_for_resume, LogFile, ReadBack, StepLog, StepTokens};
 pub use record::{
     RunRecord, RunSource, WarmStartRecord, RUN_RECORD_FILE, SFT_LOG_FILE, SFT_SUMMARY_FILE,
     WARM_START_FILE,
 };
-pub use run::{checkpoint_dir, EventFn, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun};
+pub use run::{
+    checkpoint_dir, prepare_fresh_folder, resumable, EventFn, LoopEvent, LoopOutcome, LoopState,
+    StopSignal, TrainRun,
+};
 pub use samples::BoostedTokens;
 pub use sft::{run_sft, sft_sample, warm_start, SftConfig, SftStepLog, WarmStart};
 pub use start::RunStart;

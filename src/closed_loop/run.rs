@@ -33,8 +33,8 @@ use crate::model::{LoadedModel, Model};
 use crate::rollout::export::TrajectoryRecord;
 use crate::rollout::{Progress, RunHooks};
 use crate::train::{
-    fill_reference_logprobs, restore_weights, save_checkpoint, update_serving, CheckpointExtras,
-    KlReference, Optimizer, Params, TrainSample, UpdateProgress,
+    fill_reference_logprobs, recover_interrupted_save, restore_weights, save_checkpoint,
+    update_serving, CheckpointExtras, KlReference, Optimizer, Params, TrainSample, UpdateProgress,
 };
 
 /// What `loop_state.json` in a checkpoint records.
@@ -172,6 +172,8 @@ pub struct TrainRun {
     /// What `run.json` names besides the config; a fresh run writes its record when
     /// this is set.
     source: Option<RunSource>,
+    /// A fresh run may replace a run already in `out` ([`Self::overwriting`]).
+    overwrite: bool,
 }
 
 /// The checkpoint folder of a run folder.
@@ -182,6 +184,61 @@ pub fn checkpoint_dir(out: &Path) -> PathBuf {
 /// Where a run folder keeps its frozen KL reference weights.
 pub fn reference_dir(out: &Path) -> PathBuf {
     out.join("reference")
+}
+
+/// Whether the run folder `out` has a checkpoint to resume from, after putting back
+/// one that a crash in the middle of a save left aside (see
+/// [`recover_interrupted_save`]).
+pub fn resumable(out: &Path) -> Result<bool, LoopError> {
+    let dir = checkpoint_dir(out);
+    if recover_interrupted_save(&dir)? {
+        eprintln!(
+            "warning: {}: a save was interrupted between its renames; the checkpoint \
+             before it is back",
+            dir.display()
+        );
+    }
+    Ok(dir.join("loop_state.json").exists())
+}
+
+/// The rule for a fresh run's folder: one that holds a run (its log or checkpoint)
+/// is refused ([`LoopError::RunExists`]) unless `overwrite`, which clears that run
+/// away. Callers check it before expensive work (a warm-start); the run checks it
+/// again as it starts.
+pub fn prepare_fresh_folder(out: &Path, overwrite: bool) -> Result<(), LoopError> {
+    match (holds_run(out), overwrite) {
+        (false, _) => Ok(()),
+        (true, true) => clear_run(out),
+        (true, false) => Err(LoopError::RunExists(out.to_path_buf())),
+    }
+}
+
+/// Whether `out` holds (part of) a training run a fresh start would destroy.
+fn holds_run(out: &Path) -> bool {
+    let dir = checkpoint_dir(out);
+    out.join("log.jsonl").exists()
+        || dir.exists()
+        || dir.with_file_name("checkpoint.previous").exists()
+}
+
+/// Removes what a run left in `out` (log, checkpoints, reference weights) so a fresh
+/// one starts there; other files (a warm-start's, plots) are left for it to replace.
+fn clear_run(out: &Path) -> Result<(), LoopError> {
+    let log = out.join("log.jsonl");
+    if log.exists() {
+        std::fs::remove_file(&log).map_err(|e| LoopError::Io(log.clone(), e))?;
+    }
+    for base in [checkpoint_dir(out), reference_dir(out)] {
+        for suffix in ["", ".previous", ".partial"] {
+            let mut name = base.as_os_str().to_owned();
+            name.push(suffix);
+            let dir = PathBuf::from(name);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(|e| LoopError::Io(dir.clone(), e))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The seed of step `step`'s rollouts: a stream of its own per step.
@@ -250,6 +307,7 @@ impl TrainRun {
             out,
             served: Mutex::new(None),
             source: None,
+            overwrite: false,
         })
     }
 
@@ -257,6 +315,14 @@ impl TrainRun {
     /// ([`RunRecord`]) into its folder as it starts.
     pub fn with_source(mut self, source: RunSource) -> Self {
         self.source = Some(source);
+        self
+    }
+
+    /// Whether a fresh start may replace a run already in the folder (its log,
+    /// checkpoints and reference weights are removed as it starts). Without it a
+    /// fresh run refuses such a folder ([`LoopError::RunExists`]).
+    pub fn overwriting(mut self, overwrite: bool) -> Self {
+        self.overwrite = overwrite;
         self
     }
 
@@ -291,7 +357,7 @@ impl TrainRun {
     pub async fn resume(mut self) -> Result<Self, LoopError> {
         let dir = checkpoint_dir(&self.out);
         let state_path = dir.join("loop_state.json");
-        if !state_path.exists() {
+        if !resumable(&self.out)? {
             return Err(LoopError::Resume {
                 path: self.out.clone(),
                 message: "no checkpoint with the loop's state yet (the run stopped before \
@@ -329,9 +395,17 @@ impl TrainRun {
         // step count are the checkpoint's.
         optimizer.config = self.optimizer.config;
         self.optimizer = optimizer;
-        let (log, logged) = LogFile::resume(&self.out, state.step)?;
+        let (log, read) = LogFile::resume(&self.out, state.step)?;
+        if let Some(line) = read.torn_line {
+            eprintln!(
+                "warning: {}: line {line} was cut short (a crash or a full disk); \
+                 dropped, the run resumes from its checkpoint's step {}",
+                self.out.join("log.jsonl").display(),
+                state.step
+            );
+        }
         self.log = Some(log);
-        self.logged = logged;
+        self.logged = read.lines;
         self.state = state;
         if state.step > 0 {
             self.serve(state.step).await?;
@@ -412,7 +486,8 @@ impl TrainRun {
         on_event: EventFn,
     ) -> Result<LoopOutcome, LoopError> {
         if self.log.is_none() {
-            self.log = Some(LogFile::create(&self.out)?);
+            prepare_fresh_folder(&self.out, self.overwrite)?;
+            self.log = Some(LogFile::create_new(&self.out)?);
         }
         let events = Arc::new(Mutex::new(on_event));
         let emit = |e: LoopEvent<'_>| (events.lock().expect("an event callback panicked"))(e);

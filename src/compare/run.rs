@@ -245,7 +245,7 @@ async fn run_one(
 ) -> Result<LoopOutcome, CompareError> {
     let dir = run_dir(out, arm, k);
     let warm = warm_start_dir(out);
-    let resumable = dir.join("checkpoint").join("loop_state.json").exists();
+    let resumable = crate::closed_loop::resumable(&dir)?;
     let start = if resumable {
         RunStart::resume(&dir, Some(warm.clone()))?
     } else {
@@ -284,7 +284,10 @@ async fn run_one(
         config,
         dir,
     )?
-    .with_source(source);
+    // A run that stopped before its first checkpoint starts over: the comparison
+    // owns the folder, and its plan (checked above) is the same.
+    .with_source(source)
+    .overwriting(!resumable);
     if resumable {
         run = run.resume().await?;
     }

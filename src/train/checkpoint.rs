@@ -12,6 +12,10 @@
 //! go to `<dir>.partial`, which is then swapped in by renames (`<dir>` →
 //! `<dir>.previous`, `<dir>.partial` → `<dir>`, then `<dir>.previous` is removed). A
 //! crash while writing leaves `<dir>` untouched; the next save clears the leftovers.
+//! A crash between the two renames leaves no `<dir>` but a whole `<dir>.previous`:
+//! [`recover_interrupted_save`] (called by every save, and by a resume before it
+//! looks) puts it back. Every file, and the folders, are synced to disk before the
+//! renames, so a power cut cannot swap in a checkpoint whose data never reached it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -274,6 +278,7 @@ fn write_files(
             }
             _ => unreachable!("every file is written above"),
         }
+        sync_file(&path)?;
     }
     Ok(())
 }
@@ -299,14 +304,9 @@ pub fn save_checkpoint_stopping_after(
 ) -> Result<(), TrainError> {
     let partial = sibling(dir, ".partial");
     let previous = sibling(dir, ".previous");
-    // Leftovers of an earlier interrupted save.
-    if partial.exists() {
-        std::fs::remove_dir_all(&partial).map_err(io(&partial))?;
-    }
-    if previous.exists() && !dir.exists() {
-        std::fs::rename(&previous, dir).map_err(io(dir))?;
-    }
+    recover_interrupted_save(dir)?;
     write_files(&partial, params, extras, stop_after)?;
+    sync_dir(&partial)?;
     if dir.exists() {
         if previous.exists() {
             std::fs::remove_dir_all(&previous).map_err(io(&previous))?;
@@ -314,10 +314,51 @@ pub fn save_checkpoint_stopping_after(
         std::fs::rename(dir, &previous).map_err(io(dir))?;
     }
     std::fs::rename(&partial, dir).map_err(io(dir))?;
+    if let Some(parent) = parent_of(dir) {
+        sync_dir(parent)?;
+    }
     if previous.exists() {
         std::fs::remove_dir_all(&previous).map_err(io(&previous))?;
     }
     Ok(())
+}
+
+/// Undoes what an interrupted [`save_checkpoint`] of `dir` left: a `<dir>.partial`
+/// (never swapped in, so possibly half-written) is removed, and a `<dir>.previous`
+/// without a `<dir>` (the crash fell between the two renames) becomes `<dir>` again.
+/// Returns whether it put a checkpoint back.
+pub fn recover_interrupted_save(dir: &Path) -> Result<bool, TrainError> {
+    let partial = sibling(dir, ".partial");
+    let previous = sibling(dir, ".previous");
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(io(&partial))?;
+    }
+    if previous.exists() && !dir.exists() {
+        std::fs::rename(&previous, dir).map_err(io(dir))?;
+        if let Some(parent) = parent_of(dir) {
+            sync_dir(parent)?;
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// The folder holding `path` (`None` for a bare relative name: the current one,
+/// which needs no sync of its own here).
+fn parent_of(path: &Path) -> Option<&Path> {
+    path.parent().filter(|p| !p.as_os_str().is_empty())
+}
+
+/// Flushes a written file's data and metadata to disk.
+fn sync_file(path: &Path) -> Result<(), TrainError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io(path))
+}
+
+/// Flushes a folder's entries (the names of files created or renamed in it) to disk.
+fn sync_dir(dir: &Path) -> Result<(), TrainError> {
+    sync_file(dir)
 }
 
 /// The optimiser state saved beside a checkpoint of `params`, if there is one.

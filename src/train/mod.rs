@@ -44,7 +44,9 @@ pub mod scoring;
 pub mod serving;
 pub mod update;
 
-pub use checkpoint::{load_optimizer, restore_weights, save_checkpoint, CheckpointExtras};
+pub use checkpoint::{
+    load_optimizer, recover_interrupted_save, restore_weights, save_checkpoint, CheckpointExtras,
+};
 pub use decoder::{PackedBatch, Scored};
 pub use error::TrainError;
 pub use job::{update_checkpoint, UpdateReport};

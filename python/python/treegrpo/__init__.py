@@ -188,7 +188,10 @@ class Trainer:
     frozen copy of the starting weights, kept in ``out_dir/reference/`` and read
     back by :meth:`resume`, which must be given the same choice) and the update
     options of :func:`update` (``lr``, ``kl_coef``, ...). The trainer's weights
-    start from the engine's model file.
+    start from the engine's model file. An ``out_dir`` that holds a run already
+    (its ``log.jsonl`` or checkpoint) is kept: :meth:`run` on a fresh trainer
+    refuses it, :meth:`resume` continues it, and ``overwrite=True`` starts over
+    (deleting its log and checkpoints).
     """
 
     def __init__(self, engine: Engine, env: Any, out_dir: str, **options: Any) -> None:
