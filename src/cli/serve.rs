@@ -47,6 +47,10 @@ pub struct ServeArgs {
     /// Largest request body in MiB (413 above it).
     #[arg(long, default_value_t = 16)]
     max_body_mib: usize,
+    /// Most leaves one /v1/rollouts request may grow over all its prompts (400
+    /// above it).
+    #[arg(long, default_value_t = 16_384)]
+    max_rollout_leaves: u64,
     /// The model id /v1/models lists (default: the model file's name).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -82,6 +86,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         max_queue: a.max_queue,
         queue_timeout: seconds("--queue-timeout", a.queue_timeout)?,
         max_body_bytes: a.max_body_mib << 20,
+        max_rollout_leaves: a.max_rollout_leaves,
         ..ServeConfig::new(name)
     };
     let engine = Engine::start(

@@ -32,6 +32,19 @@ pub enum TreeConfigError {
     /// The branch sampling spec is refused (see [`BranchSampling`]).
     #[error(transparent)]
     BranchSampling(#[from] BranchSamplingError),
+    /// A request larger than the bound its way in sets (the server's limits on
+    /// what one request may grow; see [`RolloutLimits`]).
+    #[error("{field}: {got} is more than the {limit} one request may ask for{hint}")]
+    Limit {
+        /// The field at fault.
+        field: &'static str,
+        /// What the request asked for (leaves: over every prompt).
+        got: u64,
+        /// The bound.
+        limit: u64,
+        /// Where the bound is set, if it can be (" (--max-rollout-leaves)").
+        hint: &'static str,
+    },
     /// Branch sampling was asked for a search that grows no branches (chains).
     #[error("branch_sampling needs branches: it applies to trees with rounds and expand of at least 1, not chains")]
     BranchSamplingWithoutBranches,
@@ -45,6 +58,7 @@ impl TreeConfigError {
             TreeConfigError::NoChains => "chains",
             TreeConfigError::KeepZero => "keep",
             TreeConfigError::NoStepTokens => "max_step_tokens",
+            TreeConfigError::Limit { field, .. } => field,
             TreeConfigError::Sampling(e) => e.field(),
             TreeConfigError::BranchSampling(_) | TreeConfigError::BranchSamplingWithoutBranches => {
                 "branch_sampling"
@@ -95,6 +109,78 @@ impl TreeShape {
     /// Whether the search grows no branches (G chains): the GRPO baseline.
     pub fn is_chains(&self) -> bool {
         self.rounds == 0 || self.expand == 0
+    }
+
+    /// The most leaves one prompt's search may grow: M chains, or M trees of one root
+    /// chain and N branches per round for L rounds (`None`: past `u64`).
+    pub fn max_leaves(&self) -> Option<u64> {
+        let trees = self.trees as u64;
+        if self.is_chains() {
+            return Some(trees);
+        }
+        let branches = (self.expand as u64).checked_mul(self.rounds as u64)?;
+        trees.checked_mul(branches.checked_add(1)?)
+    }
+}
+
+/// What one request may grow, for a way in that takes requests from others (the
+/// server): checked by [`RolloutLimits::check`] before anything is allocated, each
+/// broken bound a [`TreeConfigError::Limit`] naming its field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RolloutLimits {
+    /// Most leaves over every prompt of the request (prompts × leaves per prompt).
+    pub max_leaves: u64,
+    /// Most tokens per step (the context window bounds it anyway).
+    pub max_step_tokens: usize,
+    /// Most tool turns.
+    pub max_turns: usize,
+}
+
+impl RolloutLimits {
+    /// Checks a search of `config` over `prompts` prompts with `turns` tool turns.
+    pub fn check(
+        &self,
+        config: &TreeConfig,
+        prompts: usize,
+        turns: usize,
+    ) -> Result<(), TreeConfigError> {
+        let limit = |field, got: u64, limit: u64, hint| TreeConfigError::Limit {
+            field,
+            got,
+            limit,
+            hint,
+        };
+        let field = if config.is_chains() {
+            "chains"
+        } else {
+            "trees"
+        };
+        let leaves = config
+            .shape
+            .max_leaves()
+            .and_then(|l| l.checked_mul(prompts as u64))
+            .unwrap_or(u64::MAX);
+        if leaves > self.max_leaves {
+            return Err(limit(
+                field,
+                leaves,
+                self.max_leaves,
+                " (leaves over every prompt; --max-rollout-leaves)",
+            ));
+        }
+        if config.max_step_tokens > self.max_step_tokens {
+            let got = config.max_step_tokens as u64;
+            return Err(limit(
+                "max_step_tokens",
+                got,
+                self.max_step_tokens as u64,
+                " (the context window)",
+            ));
+        }
+        if turns > self.max_turns {
+            return Err(limit("turns", turns as u64, self.max_turns as u64, ""));
+        }
+        Ok(())
     }
 }
 

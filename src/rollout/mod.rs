@@ -43,7 +43,7 @@ pub mod trajectory;
 
 pub use branch_sampling::{BranchSampling, BranchSamplingError, BranchSpan};
 pub use branching::BranchingStats;
-pub use config::{TreeConfig, TreeConfigError, TreeOptions, TreeShape};
+pub use config::{RolloutLimits, TreeConfig, TreeConfigError, TreeOptions, TreeShape};
 pub use cost::ForestCost;
 pub use demo::{demonstrate, demonstrations};
 pub use episode::{run_episode, EpisodeParams};

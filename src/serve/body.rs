@@ -65,6 +65,17 @@ pub enum PromptInput {
     Batch(Vec<Vec<i64>>),
 }
 
+impl PromptInput {
+    /// How many prompts it holds (known before any is tokenised).
+    pub fn count(&self) -> usize {
+        match self {
+            PromptInput::Text(_) | PromptInput::Ids(_) => 1,
+            PromptInput::Texts(ts) => ts.len(),
+            PromptInput::Batch(b) => b.len(),
+        }
+    }
+}
+
 /// One string or a list of them (OpenAI's `stop`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]

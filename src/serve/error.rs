@@ -105,6 +105,9 @@ pub enum ServeError {
     /// A task of the server itself failed (a panic in a spawned rollout).
     #[error("server task failed")]
     Task(#[from] tokio::task::JoinError),
+    /// The operating system's random source failed (a session id could not be made).
+    #[error("the operating system's random source failed")]
+    RandomSource(#[source] getrandom::Error),
 }
 
 /// Seconds a client should wait before retrying a 429 or 503.
@@ -149,7 +152,7 @@ impl ServeError {
                 StatusCode::BAD_REQUEST
             }
             Env(_) | Rollout(RolloutError::Config(_)) => StatusCode::BAD_REQUEST,
-            Model(_) | Rollout(_) | Task(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Model(_) | Rollout(_) | Task(_) | RandomSource(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 

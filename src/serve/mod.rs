@@ -17,6 +17,7 @@ pub mod admin;
 pub mod body;
 pub mod error;
 pub mod known_fields;
+pub mod limits;
 pub mod logprobs;
 pub mod metrics;
 pub mod native;

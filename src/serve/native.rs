@@ -13,6 +13,7 @@ use crate::model::TokenId;
 use super::body::{token_ids, ApiJson};
 use super::error::ServeError;
 use super::known_fields::{first_unknown, KnownFields, SAMPLING};
+use super::limits;
 use super::run::complete;
 use super::sampling::{finish_reason, visible_text, SamplingFields};
 use super::state::AppState;
@@ -55,6 +56,21 @@ pub struct GenerateRequest {
     /// The caller's request id, echoed in `meta_info.id`.
     #[serde(default)]
     rid: Option<String>,
+}
+
+/// How many inputs the request holds (before any is tokenised).
+fn input_count(req: &GenerateRequest) -> usize {
+    fn count<T>(m: &Many<T>) -> usize {
+        match m {
+            Many::One(_) => 1,
+            Many::Batch(b) => b.len(),
+        }
+    }
+    req.text
+        .as_ref()
+        .map(count)
+        .or(req.input_ids.as_ref().map(count))
+        .unwrap_or(1)
 }
 
 /// Inputs as token ids, and whether the request was a batch.
@@ -112,11 +128,15 @@ pub async fn generate(
             "streaming is served on /v1/completions and /v1/chat/completions",
         ));
     }
-    let (prompts, batch) = inputs(&state, &req)?;
     let choices = match req.sampling_params.n.unwrap_or(1) {
         0 => return Err(ServeError::invalid("n", "at least 1 choice is needed")),
         n => n,
     };
+    limits::check_rid(req.rid.as_deref())?;
+    // Before any input is tokenised and any choice's params built: a request that
+    // could never run is refused.
+    let sequences = limits::request_sequences(&state, input_count(&req), "input_ids", choices)?;
+    let (prompts, batch) = inputs(&state, &req)?;
     let mut fields = req.sampling_params.fields.clone();
     fields.max_new_tokens = Some(fields.max_new_tokens.unwrap_or(DEFAULT_NEW_TOKENS));
     let seed = fields.seed_or_fresh(&state);
@@ -129,6 +149,7 @@ pub async fn generate(
                 .collect::<Result<Vec<_>, _>>()
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let permit = state.admission.admit(sequences).await?;
     let done = try_join_all(
         prompts
             .iter()
@@ -136,6 +157,7 @@ pub async fn generate(
             .map(|(prompt, params)| complete(&state, prompt, params)),
     )
     .await?;
+    drop(permit);
     let stops = fields.stop_strings();
     let rid = req.rid.clone().unwrap_or_else(|| state.request_id("gen"));
     let mut outputs = Vec::new();

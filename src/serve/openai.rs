@@ -25,6 +25,7 @@ use crate::model::TokenId;
 use super::body::{chat_prompt, token_ids, ApiJson, MessageInput, OneOrMany, PromptInput};
 use super::error::ServeError;
 use super::known_fields::{first_unknown, KnownFields, ACCEPTED_IGNORED};
+use super::limits::request_sequences;
 use super::logprobs::{self, LoggedTokens, TokenSpelling};
 use super::run::complete;
 use super::sampling::{finish_reason, sampling_error, visible_text, SamplingFields};
@@ -291,6 +292,8 @@ pub async fn completions(
             "only best_of = n is supported",
         ));
     }
+    // Before any prompt is tokenised: a request that could never run is refused.
+    let sequences = request_sequences(&state, req.prompt.count(), "prompt", choices)?;
     let sampling = req.common.sampling(
         Some(req.max_tokens.unwrap_or(DEFAULT_COMPLETION_TOKENS)),
         req.logprobs.unwrap_or(0),
@@ -314,6 +317,7 @@ pub async fn completions(
     if req.common.stream {
         return stream_completion(state, prepared, params).await;
     }
+    let permit = state.admission.admit(sequences).await?;
     let done = try_join_all(
         prepared
             .prompts
@@ -322,6 +326,7 @@ pub async fn completions(
             .map(|(prompt, params)| complete(&state, prompt, params)),
     )
     .await?;
+    drop(permit);
     let stops = prepared.sampling.stop_strings();
     let mut choices_out = Vec::new();
     let mut usage = Usage::default();
@@ -385,6 +390,8 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ServeError> {
     req.common.refuse_unsupported()?;
+    let choices = req.common.choices()?;
+    let sequences = request_sequences(&state, 1, "messages", choices)?;
     let prompt = chat_prompt(&state, &req.messages)?;
     let alternatives = if req.logprobs {
         req.top_logprobs.unwrap_or(0)
@@ -396,7 +403,7 @@ pub async fn chat_completions(
         .sampling(req.max_completion_tokens.or(req.max_tokens), alternatives)?;
     let prepared = Prepared {
         prompts: vec![prompt],
-        choices: req.common.choices()?,
+        choices,
         seed: sampling.seed_or_fresh(&state),
         sampling,
         logprobs: req.logprobs,
@@ -410,7 +417,9 @@ pub async fn chat_completions(
     if req.common.stream {
         return stream_chat(state, prepared, params).await;
     }
+    let permit = state.admission.admit(sequences).await?;
     let done = complete(&state, &prepared.prompts[0], params).await?;
+    drop(permit);
     let stops = prepared.sampling.stop_strings();
     let mut usage = Usage::default();
     usage.add_prompt(prepared.prompts[0].len(), done.cached_tokens);

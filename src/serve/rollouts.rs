@@ -2,9 +2,13 @@
 //! export schema of `treegrpo rollout --out` — `trajectories` as the lines of
 //! `trajectories.jsonl`, `forests` as those of `forest.jsonl`, and the `summary`.
 //!
-//! The run is a task of its own: a client that disconnects does not abandon forests
-//! half-grown (their sequences would stay in the engine); the run finishes, frees
-//! everything it holds, and its result is dropped.
+//! A request is bounded before anything is allocated (prompts, `sample_ids`, the
+//! leaves its shape grows over every prompt, `max_step_tokens`, `turns`: see
+//! [`RolloutLimits`]), and admitted through the same gate as generations, for the
+//! sequences it may run at once (up to `--max-running`: a larger rollout runs with
+//! the whole gate to itself). The run is a task of its own, told to stop when the
+//! handler is dropped (its client went away): forests still growing are abandoned
+//! and their sequences freed, and the permit is given back once they are.
 
 use axum::extract::State;
 use axum::Json;
@@ -14,7 +18,8 @@ use serde_json::{json, Value};
 use crate::advantage::AdvantageMode;
 use crate::env::{EnvConfig, Split, Task, TaskData};
 use crate::rollout::{
-    run_rollout, RolloutRequest, RunHooks, RunOptions, Selection, TreeConfig, TreeOptions,
+    run_rollout, RolloutLimits, RolloutRequest, RunHooks, RunOptions, Selection, TreeConfig,
+    TreeOptions,
 };
 
 use super::body::ApiJson;
@@ -23,6 +28,8 @@ use super::state::AppState;
 
 /// Most prompts one request rolls out.
 const MAX_PROMPTS: usize = 1024;
+/// Most tool turns one request may ask for.
+const MAX_TURNS: usize = 64;
 
 /// The JSON body of `POST /v1/rollouts`: a built-in `task`, which of its training
 /// questions (`prompts` or `sample_ids`), the search's shape (`trees`, `expand`,
@@ -127,6 +134,18 @@ pub async fn rollouts(
             ))
         }
         (Some(n), None) => body.task.split(&data, Split::Train, *n)?,
+        (None, Some(ids)) if ids.len() > MAX_PROMPTS => {
+            return Err(ServeError::invalid(
+                "sample_ids",
+                format!("at most {MAX_PROMPTS} ids"),
+            ))
+        }
+        (None, Some(ids)) if has_duplicates(ids) => {
+            return Err(ServeError::invalid(
+                "sample_ids",
+                "each id at most once (ask for more trees instead)",
+            ))
+        }
         (None, Some(ids)) => {
             let all = body.task.split(&data, Split::Train, usize::MAX)?;
             ids.iter()
@@ -153,6 +172,19 @@ pub async fn rollouts(
             "at least one sample is needed",
         ));
     }
+    let limits = RolloutLimits {
+        max_leaves: state.config.max_rollout_leaves,
+        max_step_tokens: state.max_positions(),
+        max_turns: MAX_TURNS,
+    };
+    limits
+        .check(&config, samples.len(), body.turns)
+        .map_err(ServeError::TreeConfig)?;
+    let leaves = config
+        .shape
+        .max_leaves()
+        .map_or(u64::MAX, |l| l.saturating_mul(samples.len() as u64));
+    let at_once = leaves.min(state.config.max_running as u64) as usize;
     let env = body.task.environment(
         &data,
         EnvConfig {
@@ -168,13 +200,34 @@ pub async fn rollouts(
         config,
         options,
     };
+    let permit = state.admission.admit(at_once).await?;
+    // Dropped with the handler (a client that went away): the run stops.
+    let (_cancel_on_drop, cancelled) = tokio::sync::oneshot::channel::<()>();
+    let hooks = RunHooks {
+        interrupt: Some(Box::pin(async move {
+            let _ = cancelled.await;
+        })),
+        ..RunHooks::default()
+    };
     let engine = state.engine.clone();
-    let result = tokio::spawn(run_rollout(engine, request, RunHooks::default())).await??;
+    let result = tokio::spawn(async move {
+        let result = run_rollout(engine, request, hooks).await;
+        // Held until the run has freed its sequences.
+        drop(permit);
+        result
+    })
+    .await??;
     Ok(Json(json!({
         "summary": result.summary,
         "trajectories": result.records,
         "forests": result.trees,
     })))
+}
+
+/// Whether an id is asked for twice.
+fn has_duplicates(ids: &[String]) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    !ids.iter().all(|id| seen.insert(id.as_str()))
 }
 
 impl super::known_fields::KnownFields for RolloutBody {}

@@ -1,10 +1,10 @@
-//! Running one request's generations on the engine: admission, the prompt's sequence,
+//! Running one request's generations on the engine (admitted by its handler, for all
+//! its prompts' choices at once): the prompt's sequence,
 //! one fork per extra choice (the prompt is computed once however many choices), and
 //! freeing every sequence when the request ends — also when its client went away
 //! and the handler was dropped mid-generation.
 
 use futures_util::future::join_all;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::{Engine, GenParams, Generation, OwnedSeq, TokenStream};
 use crate::kv::SeqId;
@@ -65,17 +65,15 @@ pub struct Started {
     pub owned: Owned,
     /// The prompt's sequence, then one fork per extra choice (`choices` in all).
     pub seqs: Vec<SeqId>,
-    /// Holds the request's room in the admission gate.
-    pub permit: OwnedSemaphorePermit,
 }
 
-/// Admits the request, adds the prompt and forks it once per extra choice.
+/// Adds the prompt and forks it once per extra choice (the caller holds the
+/// request's admission permit).
 pub async fn start(
     state: &AppState,
     prompt: &[TokenId],
     choices: usize,
 ) -> Result<Started, ServeError> {
-    let permit = state.admission.admit(choices).await?;
     let engine = &state.engine;
     // New work waits while the KV pool is under pressure (the same gate rollouts
     // use), up to the queue timeout.
@@ -97,11 +95,7 @@ pub async fn start(
             seqs.push(child);
         }
     }
-    Ok(Started {
-        owned,
-        seqs,
-        permit,
-    })
+    Ok(Started { owned, seqs })
 }
 
 /// Generates every choice of one prompt to the end; `params[i]` is choice `i`'s.
@@ -122,7 +116,6 @@ pub async fn complete(
     .await;
     let generations = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     let cached_tokens = started.owned.free_all().await?;
-    drop(started.permit);
     Ok(Completed {
         generations,
         cached_tokens,

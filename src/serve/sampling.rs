@@ -66,7 +66,7 @@ impl SamplingFields {
     ) -> Result<GenParams, ServeError> {
         let max = state.max_positions();
         let max_new_tokens = match self.max_new_tokens {
-            Some(n) if prompt_len + n > max => {
+            Some(n) if prompt_len.checked_add(n).is_none_or(|total| total > max) => {
                 return Err(ServeError::ContextLength {
                     prompt: prompt_len,
                     requested: n,
@@ -84,6 +84,8 @@ impl SamplingFields {
             }
             None => max - prompt_len,
         };
+        let stop_strings = self.stop_strings();
+        super::limits::check_stops(&stop_strings, &self.stop_token_ids)?;
         let mut stop_tokens: Vec<TokenId> = if self.ignore_eos {
             Vec::new()
         } else {
@@ -94,11 +96,6 @@ impl SamplingFields {
             &self.stop_token_ids,
             state.vocab(),
         )?);
-        let stop_strings = self
-            .stop
-            .clone()
-            .map(OneOrMany::into_vec)
-            .unwrap_or_default();
         if stop_strings.iter().any(String::is_empty) {
             return Err(ServeError::invalid(
                 "stop",

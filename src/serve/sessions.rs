@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -48,21 +48,15 @@ pub struct SessionTable {
     sessions: Mutex<HashMap<String, Session>>,
     max: usize,
     ttl: Duration,
-    /// Makes ids: a counter mixed with the server's start time.
-    next_id: Mutex<u64>,
 }
 
 impl SessionTable {
     /// An empty table holding at most `max` sessions, each closed after `ttl` idle.
     pub fn new(max: usize, ttl: Duration) -> Self {
-        let start = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
         SessionTable {
             sessions: Mutex::new(HashMap::new()),
             max,
             ttl,
-            next_id: Mutex::new(start),
         }
     }
 
@@ -90,13 +84,12 @@ impl SessionTable {
         Ok(())
     }
 
-    fn fresh_id(&self) -> String {
-        let mut next = self.next_id.lock().unwrap_or_else(|p| p.into_inner());
-        *next = next.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = *next;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        format!("sess-{:016x}", z ^ (z >> 31))
+    /// A new session id: 128 bits from the operating system's random source, so an
+    /// id cannot be guessed from another (a counter's ids could be).
+    fn fresh_id(&self) -> Result<String, ServeError> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).map_err(ServeError::RandomSource)?;
+        Ok(format!("sess-{:032x}", u128::from_le_bytes(bytes)))
     }
 
     /// Adds a session over `seq` (the caller frees `seq` if this fails).
@@ -110,7 +103,7 @@ impl SessionTable {
         if sessions.len() >= self.max {
             return Err(ServeError::SessionLimit { limit: self.max });
         }
-        let id = self.fresh_id();
+        let id = self.fresh_id()?;
         sessions.insert(
             id.clone(),
             Session {

@@ -35,12 +35,15 @@ pub struct ServeConfig {
     pub queue_timeout: Duration,
     /// Largest request body, in bytes (413 above it).
     pub max_body_bytes: usize,
+    /// Most leaves one `/v1/rollouts` request may grow over all its prompts.
+    pub max_rollout_leaves: u64,
 }
 
 impl ServeConfig {
     /// A config serving under `model_name` with the library's defaults: no API key,
     /// 1024 sessions idle-closed after 600 s, 256 running sequences, 1024 queued
-    /// requests waiting at most 60 s, bodies up to 16 MiB.
+    /// requests waiting at most 60 s, bodies up to 16 MiB, rollout requests of up to
+    /// 16,384 leaves.
     pub fn new(model_name: impl Into<String>) -> Self {
         ServeConfig {
             model_name: model_name.into(),
@@ -51,6 +54,7 @@ impl ServeConfig {
             max_queue: 1024,
             queue_timeout: Duration::from_secs(60),
             max_body_bytes: 16 << 20,
+            max_rollout_leaves: 16_384,
         }
     }
 }
@@ -167,32 +171,42 @@ impl Admission {
         }
     }
 
-    /// Waits for room for `sequences` sequences; the permit holds it until dropped.
-    pub async fn admit(&self, sequences: usize) -> Result<OwnedSemaphorePermit, ServeError> {
+    /// Refuses at once (400 naming `field`) a request of `sequences` sequences that
+    /// could never run: more than the server runs for one request. Called before
+    /// any of the request's work (tokenising, building its params).
+    pub fn check_fits(&self, sequences: usize, field: &'static str) -> Result<(), ServeError> {
         if sequences > self.max_running {
             return Err(ServeError::invalid(
-                "n",
+                field,
                 format!(
                     "{sequences} sequences at once are more than the server runs for one \
-                     request ({})",
+                     request (--max-running {})",
                     self.max_running
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Waits for room for all `sequences` of one request at once (a request never
+    /// holds part of its room while waiting for the rest, so it cannot wait on
+    /// itself); the permit holds the room until dropped.
+    pub async fn admit(&self, sequences: usize) -> Result<OwnedSemaphorePermit, ServeError> {
+        self.check_fits(sequences, "n")?;
         let wanted = sequences.max(1) as u32;
         if let Ok(permit) = self.permits.clone().try_acquire_many_owned(wanted) {
             return Ok(permit);
         }
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        // The place is given back by the guard however the wait ends: a request
+        // whose future is dropped while queued (its client left) frees it too.
+        let Some(_place) = QueuePlace::take(&self.waiting, self.max_queue) else {
             return Err(ServeError::Overloaded("the request queue is full"));
-        }
+        };
         let waited = tokio::time::timeout(
             self.timeout,
             self.permits.clone().acquire_many_owned(wanted),
         )
         .await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
         match waited {
             Ok(Ok(permit)) => Ok(permit),
             Ok(Err(_)) => Err(ServeError::Overloaded("the server is shutting down")),
@@ -210,5 +224,26 @@ impl Admission {
     /// Sequences running for requests now.
     pub fn running(&self) -> usize {
         self.max_running - self.permits.available_permits()
+    }
+}
+
+/// A place in the admission queue, given back when dropped.
+struct QueuePlace<'a>(&'a AtomicUsize);
+
+impl<'a> QueuePlace<'a> {
+    /// A place, if fewer than `max` are taken.
+    fn take(waiting: &'a AtomicUsize, max: usize) -> Option<Self> {
+        waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| {
+                (w < max).then_some(w + 1)
+            })
+            .ok()
+            .map(|_| QueuePlace(waiting))
+    }
+}
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

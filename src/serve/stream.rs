@@ -142,8 +142,14 @@ async fn respond(
     params: Vec<Vec<GenParams>>,
     api: Api,
 ) -> Result<Response, ServeError> {
-    // Every prompt is admitted and started before the response begins, so a request
-    // the server cannot take still gets its error status.
+    // Every prompt is admitted (all at once: a stream never waits on itself) and
+    // started before the response begins, so a request the server cannot take still
+    // gets its error status. The permit is held until the stream's end, or until it
+    // is dropped with a client that went away.
+    let permit = state
+        .admission
+        .admit(prepared.prompts.len() * prepared.choices)
+        .await?;
     let mut started: Vec<Started> = Vec::new();
     let mut choice_streams: Vec<BoxStream<'static, Event>> = Vec::new();
     let frame = Arc::new(Frame {
@@ -209,6 +215,7 @@ async fn respond(
             events.push(Event::default().data(body.to_string()));
         }
         events.push(Event::default().data("[DONE]"));
+        drop(permit);
         stream::iter(events)
     })
     .flatten();

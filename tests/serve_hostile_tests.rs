@@ -1,0 +1,290 @@
+//! `treegrpo serve` against hostile and careless clients (issue 55): every absurd
+//! value a client controls is refused with a 400 naming its field before any work
+//! (the process grows by less than 50 MiB over all of them, where several used to
+//! abort it); clients dropped while queued give their places back; a request whose
+//! sequences could never run together is refused at once; a rollout whose client
+//! leaves stops and frees its sequences; session ids are 128 random bits. A tiny
+//! model, as in `serve_tests.rs`.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::http;
+use common::server::{ok, serve_with, wait_until_idle};
+use serde_json::{json, Value};
+
+/// This process's resident memory, in bytes (the server runs in it).
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// Sends `body` to `path` on a connection of its own and leaves it open.
+fn send_raw(addr: std::net::SocketAddr, path: &str, body: &Value) -> TcpStream {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    let body = body.to_string();
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    conn
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn every_absurd_value_is_refused_naming_its_field_before_any_work() {
+    let f = serve_with(|c| c.max_running = 64);
+    let a = f.server.addr;
+    let huge = 1_000_000_000_000u64;
+    let many_ids: Vec<String> = (0..2000).map(|i| format!("calc_train_{i:04}")).collect();
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "prompts": 1, "trees": huge}),
+            "trees",
+        ),
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "prompts": 1, "expand": huge}),
+            "trees",
+        ),
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "prompts": 1, "rounds": huge}),
+            "trees",
+        ),
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "prompts": 4, "trees": 64, "expand": 64}),
+            "trees",
+        ),
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "prompts": 1, "chains": huge}),
+            "chains",
+        ),
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "prompts": 1, "turns": huge}),
+            "turns",
+        ),
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "prompts": 1, "max_step_tokens": huge}),
+            "max_step_tokens",
+        ),
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "sample_ids": many_ids}),
+            "sample_ids",
+        ),
+        (
+            "/v1/rollouts",
+            json!({"task": "calc", "sample_ids": ["calc_train_0000", "calc_train_0000"]}),
+            "sample_ids",
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [1, 2], "sampling_params": {"n": huge}}),
+            "n",
+        ),
+        (
+            "/generate",
+            json!({"input_ids": vec![vec![1]; 100_000]}),
+            "input_ids",
+        ),
+        (
+            "/generate",
+            json!({"input_ids": [1, 2], "rid": "r".repeat(1 << 20)}),
+            "rid",
+        ),
+        ("/v1/completions", json!({"prompt": [1, 2], "n": huge}), "n"),
+        (
+            "/v1/completions",
+            json!({"prompt": vec![vec![1]; 100_000]}),
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2], "max_tokens": u64::MAX}),
+            "context window",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2], "stop_token_ids": vec![1; 10_000]}),
+            "stop_token_ids",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": [1, 2], "stop": vec!["x"; 1000]}),
+            "stop",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "n": 100}),
+            "n",
+        ),
+    ];
+    let before = rss_bytes();
+    for (path, body, field) in &cases {
+        let r = http::post(a, path, body);
+        assert_eq!(
+            r.status,
+            400,
+            "{path} {}: {}",
+            &body.to_string()[..80.min(body.to_string().len())],
+            r.text()
+        );
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains(field),
+            "{path}: `{message}` does not name {field}"
+        );
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    assert!(grown < 50 << 20, "the server grew by {} MiB", grown >> 20);
+    assert_eq!(http::get(a, "/health").status, 200);
+}
+
+#[test]
+fn clients_dropped_while_queued_give_their_places_back() {
+    let f = serve_with(|c| {
+        c.max_running = 1;
+        c.max_queue = 2;
+    });
+    let a = f.server.addr;
+    let long =
+        json!({"prompt": [1, 2, 3], "max_tokens": 3500, "ignore_eos": true, "temperature": 0});
+    let short = json!({"prompt": [4, 5], "max_tokens": 1});
+    // One long generation holds the only place; twice over, two clients queue behind
+    // it and disconnect while they wait: four drops, twice --max-queue.
+    let running = send_raw(a, "/v1/completions", &long);
+    wait_for("the long generation never ran", || {
+        f.server.metric("treegrpo_running_sequences") >= 1.0
+    });
+    for _ in 0..2 {
+        let queued: Vec<TcpStream> = (0..2)
+            .map(|_| send_raw(a, "/v1/completions", &short))
+            .collect();
+        wait_for("the clients never queued", || {
+            f.server.metric("treegrpo_queue_depth") >= 2.0
+        });
+        drop(queued);
+        wait_for("a dropped client kept its place", || {
+            f.server.metric("treegrpo_queue_depth") == 0.0
+        });
+    }
+    // Behind the long generation, a client queues (not refused) and is served once
+    // the long one is gone.
+    let waiting = std::thread::spawn(move || http::post(a, "/v1/completions", &short));
+    wait_for("the client never queued", || {
+        f.server.metric("treegrpo_queue_depth") >= 1.0
+    });
+    drop(running);
+    let served = waiting.join().unwrap();
+    assert_eq!(served.status, 200, "{}", served.text());
+    wait_until_idle(&f.server);
+}
+
+#[test]
+fn a_request_whose_sequences_never_fit_together_is_refused_at_once() {
+    let f = serve_with(|c| {
+        c.max_running = 3;
+        c.queue_timeout = Duration::from_secs(600);
+    });
+    let a = f.server.addr;
+    // Two prompts of two choices: 4 sequences where 3 run at once. Streamed, they
+    // used to be admitted prompt by prompt, the second waiting on the first's places
+    // for the whole queue timeout.
+    for stream in [true, false] {
+        let r = http::post(
+            a,
+            "/v1/completions",
+            &json!({"prompt": [[1, 2], [3, 4]], "n": 2, "max_tokens": 4, "stream": stream}),
+        );
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(
+            r.text().contains("prompt") && r.text().contains("--max-running"),
+            "{}",
+            r.text()
+        );
+    }
+    // Three fit: served.
+    let r = http::post(
+        a,
+        "/v1/completions",
+        &json!({"prompt": [[1, 2], [3, 4], [5, 6]], "max_tokens": 4, "stream": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    wait_until_idle(&f.server);
+}
+
+#[test]
+fn a_rollout_whose_client_leaves_stops_and_frees_its_sequences() {
+    let f = serve_with(|_| {});
+    let a = f.server.addr;
+    let body = json!({"task": "calc", "prompts": 16, "trees": 2, "expand": 2, "max_step_tokens": 64, "turns": 2, "seed": 3});
+    let decoded = || f.server.metric("treegrpo_tokens_decoded_total");
+    // The whole rollout, for what it decodes.
+    let start = decoded();
+    let whole = ok(http::post(a, "/v1/rollouts", &body));
+    assert!(whole["trajectories"]
+        .as_array()
+        .is_some_and(|t| !t.is_empty()));
+    wait_until_idle(&f.server);
+    let full = decoded() - start;
+    // The same rollout, its client gone once it runs.
+    let start = decoded();
+    let conn = send_raw(a, "/v1/rollouts", &body);
+    wait_for("the rollout never ran", || decoded() - start > 0.0);
+    drop(conn);
+    wait_until_idle(&f.server);
+    assert_eq!(f.server.metric("treegrpo_kv_blocks{state=\"in_use\"}"), 0.0);
+    assert_eq!(
+        f.server.metric("treegrpo_running_sequences"),
+        0.0,
+        "its places are back"
+    );
+    let cut = decoded() - start;
+    assert!(
+        cut < full,
+        "the abandoned rollout decoded {cut} tokens, the whole one {full}"
+    );
+}
+
+#[test]
+fn session_ids_are_128_random_bits() {
+    let f = serve_with(|_| {});
+    let ids: Vec<String> = (0..4)
+        .map(|_| {
+            let s = ok(http::post(
+                f.server.addr,
+                "/v1/sessions",
+                &json!({"input_ids": [1, 2]}),
+            ));
+            s["session_id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    for id in &ids {
+        let hex = id.strip_prefix("sess-").unwrap();
+        assert_eq!(hex.len(), 32, "{id}");
+        assert!(hex.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+    }
+    // Consecutive ids share no structure: their halves all differ.
+    let halves: std::collections::HashSet<&str> =
+        ids.iter().flat_map(|id| [&id[5..21], &id[21..]]).collect();
+    assert_eq!(halves.len(), 8, "{ids:?}");
+}
