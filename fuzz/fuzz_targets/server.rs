@@ -46,6 +46,8 @@ fn world() -> &'static World {
             max_sessions: 64,
             queue_timeout: Duration::from_secs(2),
             max_body_bytes: 1 << 20,
+            // Small enough that every rollout the server takes runs in moments.
+            max_rollout_leaves: MAX_LEAVES,
             ..ServeConfig::new("tiny")
         };
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -98,26 +100,34 @@ fn close(w: &World, id: &str) {
     let _ = send(w, Method::DELETE, &format!("/v1/sessions/{id}"), Vec::new());
 }
 
-/// A rollout of more than a few prompts takes seconds even on the tiny model: the
-/// fuzzer learns nothing from its size that a small one does not show.
+/// Most leaves a fuzzed rollout may grow (`--max-rollout-leaves`): a rollout of more
+/// than a few takes seconds even on the tiny model, and the fuzzer learns nothing
+/// from its size that a small one does not show — so a larger one must be refused.
+const MAX_LEAVES: u64 = 16;
+
+/// Whether `body` asks for a rollout beyond [`MAX_LEAVES`] (a shape the server must
+/// answer with 400 before any work).
 fn too_big_a_rollout(body: &[u8]) -> bool {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) else {
         return false;
     };
-    let count = |key: &str| {
-        v.get(key)
-            .and_then(|x| x.as_u64().or_else(|| x.as_array().map(|a| a.len() as u64)))
+    let count = |key: &str, default: u64| {
+        v.get(key).map_or(Some(default), |x| {
+            x.as_u64().or_else(|| x.as_array().map(|a| a.len() as u64))
+        })
     };
-    [
-        "prompts",
-        "sample_ids",
-        "trees",
-        "expand",
-        "rounds",
-        "chains",
-    ]
-    .iter()
-    .any(|k| count(k).is_some_and(|n| n > 4))
+    let prompts = count("prompts", 1).max(count("sample_ids", 1));
+    let leaves = match count("chains", 0) {
+        Some(g) if v.get("chains").is_some() => Some(g),
+        _ => (|| {
+            let branches = count("expand", 2)?.checked_mul(count("rounds", 1)?)?;
+            count("trees", 2)?.checked_mul(branches.checked_add(1)?)
+        })(),
+    };
+    match (prompts, leaves) {
+        (Some(p), Some(l)) => p.checked_mul(l).is_none_or(|n| n > MAX_LEAVES),
+        _ => false,
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -137,10 +147,14 @@ fuzz_target!(|data: &[u8]| {
         7 => "/update_weights_from_disk".to_string(),
         _ => "/v1/rollouts".to_string(),
     };
-    if which % 9 == 8 && too_big_a_rollout(body) {
-        return close(w, &base);
-    }
+    let too_big = which % 9 == 8 && too_big_a_rollout(body);
     let (status, answer) = send(w, Method::POST, &path, body.to_vec());
+    assert!(
+        !too_big
+            || status == StatusCode::BAD_REQUEST
+            || status == StatusCode::PAYLOAD_TOO_LARGE,
+        "{path}: a rollout beyond {MAX_LEAVES} leaves answered {status} {answer:?}"
+    );
     assert!(
         status.is_success()
             || status.is_client_error()

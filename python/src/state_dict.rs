@@ -108,6 +108,7 @@ type Identity = (usize, Vec<usize>, Vec<isize>, String);
 /// as transformers' `state_dict()` gives a tied head. `None` for anything else (which
 /// [`raw`] then refuses with its reason).
 fn identity(value: &Bound<'_, PyAny>) -> Option<Identity> {
+    array_kind(value).ok().flatten()?;
     let torch = || -> PyResult<Identity> {
         Ok((
             value.call_method0("data_ptr")?.extract()?,
@@ -133,18 +134,42 @@ fn identity(value: &Bound<'_, PyAny>) -> Option<Identity> {
     torch().or_else(|_| numpy()).ok()
 }
 
-/// A torch tensor's or a numpy array's memory.
+/// Which library's array a value is, by its type (`None`: neither).
+#[derive(Debug, Clone, Copy)]
+enum ArrayKind {
+    Torch,
+    Numpy,
+}
+
+/// The value's [`ArrayKind`], checked with `isinstance` against `torch.Tensor` and
+/// `numpy.ndarray` (each only if its module is loaded: a tensor of a library that was
+/// never imported cannot exist). An object that merely has a `data_ptr` method or an
+/// `__array_interface__` is not one: its addresses would be read as memory.
+fn array_kind(value: &Bound<'_, PyAny>) -> PyResult<Option<ArrayKind>> {
+    let modules = value.py().import("sys")?.getattr("modules")?;
+    for (module, class, kind) in [
+        ("torch", "Tensor", ArrayKind::Torch),
+        ("numpy", "ndarray", ArrayKind::Numpy),
+    ] {
+        let loaded = modules.call_method1("get", (module,))?;
+        if !loaded.is_none() && value.is_instance(&loaded.getattr(class)?)? {
+            return Ok(Some(kind));
+        }
+    }
+    Ok(None)
+}
+
+/// A torch tensor's or a numpy array's memory; anything else is a `TypeError`
+/// naming the key.
 fn raw<'py>(name: &str, value: &Bound<'py, PyAny>) -> PyResult<Raw<'py>> {
-    if value.hasattr("data_ptr")? && value.hasattr("element_size")? {
-        return torch_raw(name, value);
+    match array_kind(value)? {
+        Some(ArrayKind::Torch) => torch_raw(name, value),
+        Some(ArrayKind::Numpy) => numpy_raw(name, value),
+        None => Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "{name}: expected a torch.Tensor or a numpy.ndarray, got {}",
+            type_name(value)
+        ))),
     }
-    if value.hasattr("__array_interface__")? {
-        return numpy_raw(name, value);
-    }
-    Err(value_error(format!(
-        "{name}: expected a torch tensor or a numpy array, got {}",
-        type_name(value)
-    )))
 }
 
 fn torch_raw<'py>(name: &str, value: &Bound<'py, PyAny>) -> PyResult<Raw<'py>> {
