@@ -31,6 +31,10 @@ fn loop_error(e: LoopError) -> PyErr {
         LoopError::Engine(e) => engine_error(e),
         LoopError::Env(e) => env_error(e),
         LoopError::Config(m) => value_error(m),
+        // The folder holds a run: `resume()` it, or pass `overwrite=True`.
+        e @ LoopError::RunExists(_) => {
+            pyo3::exceptions::PyFileExistsError::new_err(crate::errors::error_chain(&e))
+        }
         // The message and its causes (an I/O error names its path, then its cause).
         e => PyRuntimeError::new_err(crate::errors::error_chain(&e)),
     }

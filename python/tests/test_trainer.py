@@ -74,6 +74,14 @@ def test_trainer_steps_update_and_serve_each_policy_then_resume(tmp_path):
     assert more[-1]["kl"] > 0  # against the reference read back from the run folder
     assert fresh.weight_version >= 1
 
+    # A fresh trainer on the same folder keeps its history: run() is refused, the log
+    # is untouched (resume() or overwrite=True are the ways on).
+    log = (tmp_path / "run" / "log.jsonl").read_bytes()
+    with treegrpo.Trainer(fresh, CalcTask, tmp_path / "run", steps=3, **LOOP) as again:
+        with pytest.raises(FileExistsError, match="already holds a training run"):
+            again.run()
+    assert (tmp_path / "run" / "log.jsonl").read_bytes() == log
+
 
 def test_trainer_bad_options(tmp_path):
     engine = treegrpo.Engine(kv_mib=64)
