@@ -288,3 +288,84 @@ fn session_ids_are_128_random_bits() {
         ids.iter().flat_map(|id| [&id[5..21], &id[21..]]).collect();
     assert_eq!(halves.len(), 8, "{ids:?}");
 }
+
+/// The status of a raw `GET /v1/models` with `Host: host`.
+fn status_for_host(addr: std::net::SocketAddr, host: &str) -> u16 {
+    use std::io::Read;
+    let mut conn = TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "GET /v1/models HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    let _ = conn.read_to_string(&mut raw);
+    raw.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn weights_load_from_the_weights_folder_only_and_other_origins_are_refused() {
+    let f = serve_with(|_| {});
+    let a = f.server.addr;
+    let load =
+        |path: &str| http::post(a, "/update_weights_from_disk", &json!({"model_path": path}));
+    // Outside the folder: refused with nothing opened and nothing said of the file.
+    std::os::unix::fs::symlink("/etc", f.dir.path().join("etc-link")).unwrap();
+    for path in ["/etc/passwd", "../", "etc-link/passwd", "/nonexistent"] {
+        let r = load(path);
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+        let message = r.json()["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains("--weights-dir") && !message.contains("magic"),
+            "{message}"
+        );
+    }
+    assert_eq!(f.server.metric("treegrpo_weight_version"), 0.0);
+    // A page's "simple" cross-site POST (text/plain, no preflight) is refused before
+    // the handler runs, on every route.
+    let cross = |path: &str, body: &str| {
+        http::request(
+            a,
+            "POST",
+            path,
+            &[
+                ("Origin", "http://evil.example"),
+                ("Content-Type", "text/plain"),
+            ],
+            Some(body.as_bytes()),
+        )
+    };
+    let r = cross("/update_weights_from_disk", r#"{"model_path": "tiny"}"#);
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(cross("/v1/completions", r#"{"prompt": [1]}"#).status, 403);
+    assert_eq!(
+        f.server.metric("treegrpo_weight_version"),
+        0.0,
+        "nothing was loaded"
+    );
+    // Inside the folder it loads (the fixture's own model, by a relative path).
+    let r = load("tiny");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["weight_version"], 1);
+
+    // Without a weights folder the route is off.
+    let off = serve_with(|c| c.weights_dir = None);
+    let r = http::post(
+        off.server.addr,
+        "/update_weights_from_disk",
+        &json!({"model_path": "tiny"}),
+    );
+    assert_eq!(r.status, 403, "{}", r.text());
+    // A listed origin is served; on a loopback bind, a rebound Host name is refused.
+    let listed = serve_with(|c| {
+        c.allowed_origins = vec!["http://ok.example".into()];
+        c.loopback_hosts_only = true;
+    });
+    let b = listed.server.addr;
+    let models = |origin: &str| http::request(b, "GET", "/v1/models", &[("Origin", origin)], None);
+    assert_eq!(models("http://ok.example").status, 200);
+    assert_eq!(models("http://evil.example").status, 403);
+    assert_eq!(status_for_host(b, "evil.example"), 403);
+    assert_eq!(status_for_host(b, &format!("localhost:{}", b.port())), 200);
+    assert_eq!(status_for_host(b, &b.to_string()), 200);
+}

@@ -51,6 +51,14 @@ pub struct ServeArgs {
     /// above it).
     #[arg(long, default_value_t = 16_384)]
     max_rollout_leaves: u64,
+    /// The folder /update_weights_from_disk may load checkpoints from (paths inside
+    /// it only); without it the route answers 403.
+    #[arg(long, value_name = "DIR")]
+    weights_dir: Option<std::path::PathBuf>,
+    /// Browser origins (`http://host:port`, comma-separated) whose pages may call the
+    /// server; a request with any other `Origin` header is 403.
+    #[arg(long, value_delimiter = ',')]
+    allowed_origins: Vec<String>,
     /// The model id /v1/models lists (default: the model file's name).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -87,6 +95,17 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         queue_timeout: seconds("--queue-timeout", a.queue_timeout)?,
         max_body_bytes: a.max_body_mib << 20,
         max_rollout_leaves: a.max_rollout_leaves,
+        allowed_origins: a.allowed_origins.clone(),
+        // A loopback bind answers loopback names only: a DNS-rebound name is 403.
+        loopback_hosts_only: a.host.is_loopback(),
+        weights_dir: a
+            .weights_dir
+            .as_ref()
+            .map(|d| {
+                std::fs::canonicalize(d)
+                    .map_err(|e| anyhow::anyhow!("--weights-dir {}: {e}", d.display()))
+            })
+            .transpose()?,
         ..ServeConfig::new(name)
     };
     let engine = Engine::start(

@@ -1,7 +1,11 @@
 //! Weights and cache: `POST /update_weights_from_disk` (SGLang's name and shape),
 //! `POST /flush_cache`, `GET /health`.
+//!
+//! Loading from disk is off unless the server was given a weights folder
+//! (`--weights-dir`): a path must resolve (links followed) inside it, and one load
+//! runs at a time. A browser page could otherwise make the server open any file.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -31,10 +35,37 @@ pub async fn update_weights_from_disk(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<UpdateWeightsRequest>,
 ) -> Response {
-    match state.engine.load_weights_from(&req.model_path).await {
+    let refused = |status: StatusCode, message: String| {
+        (
+            status,
+            Json(json!({ "success": false, "message": message })),
+        )
+            .into_response()
+    };
+    let Some(dir) = &state.config.weights_dir else {
+        return refused(
+            StatusCode::FORBIDDEN,
+            "loading weights from disk is off: start the server with --weights-dir DIR".into(),
+        );
+    };
+    let Some(path) = inside(dir, &req.model_path) else {
+        // Nothing is said of the path: whether it exists outside the folder is not
+        // this server's to tell.
+        return refused(
+            StatusCode::FORBIDDEN,
+            "model_path: not a file or folder inside the server's --weights-dir".into(),
+        );
+    };
+    let Ok(_loading) = state.weight_load.try_lock() else {
+        return refused(
+            StatusCode::CONFLICT,
+            "another weight load is in progress: retry when it ends".into(),
+        );
+    };
+    match state.engine.load_weights_from(&path).await {
         Ok(version) => Json(json!({
             "success": true,
-            "message": format!("serving {} as weight version {version}", req.model_path.display()),
+            "message": format!("serving {} as weight version {version}", path.display()),
             "weight_version": version,
         }))
         .into_response(),
@@ -57,6 +88,13 @@ pub async fn update_weights_from_disk(
                 .into_response()
         }
     }
+}
+
+/// `path` (relative to `dir`, or absolute) resolved with every link followed, if it
+/// exists and lies inside `dir` (already resolved by the server's start).
+fn inside(dir: &Path, path: &Path) -> Option<PathBuf> {
+    let resolved = std::fs::canonicalize(dir.join(path)).ok()?;
+    resolved.starts_with(dir).then_some(resolved)
 }
 
 /// `POST /flush_cache`: forgets every cached prefix (blocks of live sequences and

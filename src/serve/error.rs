@@ -63,6 +63,11 @@ pub enum ServeError {
     /// `Authorization: Bearer KEY` header with that key (401).
     #[error("a valid API key is needed (header `Authorization: Bearer KEY`)")]
     Unauthorized,
+    /// A request from a browser page of another origin (an `Origin` not listed by
+    /// `--allowed-origins`), or, on a loopback bind, for a `Host` that is not a
+    /// loopback name (DNS rebinding): 403.
+    #[error("{0}")]
+    Forbidden(String),
     /// A fork session id that is not open: closed, expired after its idle time, or
     /// never created (404). Open a new session.
     #[error("no session '{0}' (closed, expired after its idle time, or never created)")]
@@ -136,6 +141,7 @@ impl ServeError {
             | ContextLength { .. } => StatusCode::BAD_REQUEST,
             BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Unauthorized => StatusCode::UNAUTHORIZED,
+            Forbidden(_) => StatusCode::FORBIDDEN,
             UnknownSession(_) | NoRoute(_) => StatusCode::NOT_FOUND,
             SessionBusy(_) => StatusCode::CONFLICT,
             SessionLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -160,6 +166,7 @@ impl ServeError {
     fn kind(&self) -> &'static str {
         match self.status() {
             StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
             s if s.is_client_error() => "invalid_request_error",

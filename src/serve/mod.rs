@@ -69,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .fallback(no_route)
         .layer(from_fn_with_state(state.clone(), require_key))
+        .layer(from_fn_with_state(state.clone(), same_origin))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(from_fn_with_state(state.clone(), metrics::track))
         .with_state(state)
@@ -92,6 +93,51 @@ async fn require_key(State(state): State<AppState>, req: Request, next: Next) ->
         }
     }
     next.run(req).await
+}
+
+/// Browser-origin protection on every route: a request carrying an `Origin` that
+/// `--allowed-origins` does not list is 403 (a page's "simple" cross-site POST needs
+/// no preflight, so it would otherwise reach every route), and on a loopback bind a
+/// `Host` that is not a loopback name or address is 403 (DNS rebinding). Python,
+/// curl and trainers send no `Origin` and a loopback `Host`.
+async fn same_origin(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(refusal) = refuse_origin(&state, req.headers()) {
+        return refusal.into_response();
+    }
+    next.run(req).await
+}
+
+/// Why [`same_origin`] refuses a request with these headers, if it does.
+fn refuse_origin(state: &AppState, headers: &axum::http::HeaderMap) -> Option<ServeError> {
+    let header = |name| headers.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"));
+    if let Some(origin) = header(axum::http::header::ORIGIN) {
+        if !state.config.allowed_origins.iter().any(|o| o == origin) {
+            return Some(ServeError::Forbidden(format!(
+                "requests from the browser origin {origin:?} are refused (--allowed-origins)"
+            )));
+        }
+    }
+    let host = header(axum::http::header::HOST);
+    match host {
+        Some(host) if state.config.loopback_hosts_only && !is_loopback_host(host) => {
+            Some(ServeError::Forbidden(format!(
+                "Host {host:?} is not a loopback name on a loopback bind"
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Whether an HTTP `Host` (name or address, with or without a port) is loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Compares without stopping at the first difference, so the time taken does not
@@ -158,6 +204,35 @@ async fn expire_sessions(state: AppState) {
         tick.tick().await;
         for seq in state.sessions.expire() {
             state.engine.release(seq);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback_host;
+
+    #[test]
+    fn loopback_hosts_are_names_and_addresses_of_this_machine() {
+        for host in [
+            "localhost",
+            "LOCALHOST:8000",
+            "127.0.0.1",
+            "127.0.0.1:80",
+            "[::1]:8000",
+            "[::1]",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8000",
+            "10.0.0.1",
+            "localhost.evil.example",
+            "[::2]:80",
+            "",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
         }
     }
 }

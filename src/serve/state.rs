@@ -2,6 +2,7 @@
 //! session table, the metrics, and the admission gate that bounds how much work the
 //! server takes on at once.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -37,13 +38,22 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// Most leaves one `/v1/rollouts` request may grow over all its prompts.
     pub max_rollout_leaves: u64,
+    /// The folder `/update_weights_from_disk` may load from (paths resolved inside
+    /// it); `None` turns the route off (403).
+    pub weights_dir: Option<PathBuf>,
+    /// Browser origins (`scheme://host[:port]`) whose pages may call the server; a
+    /// request carrying any other `Origin` is 403. Non-browser clients send none.
+    pub allowed_origins: Vec<String>,
+    /// Answer only requests whose `Host` is a loopback name or address (what a
+    /// loopback bind expects; a DNS-rebound name is 403).
+    pub loopback_hosts_only: bool,
 }
 
 impl ServeConfig {
     /// A config serving under `model_name` with the library's defaults: no API key,
     /// 1024 sessions idle-closed after 600 s, 256 running sequences, 1024 queued
     /// requests waiting at most 60 s, bodies up to 16 MiB, rollout requests of up to
-    /// 16,384 leaves.
+    /// 16,384 leaves, no loading of weights from disk, no browser origin allowed.
     pub fn new(model_name: impl Into<String>) -> Self {
         ServeConfig {
             model_name: model_name.into(),
@@ -55,6 +65,9 @@ impl ServeConfig {
             queue_timeout: Duration::from_secs(60),
             max_body_bytes: 16 << 20,
             max_rollout_leaves: 16_384,
+            weights_dir: None,
+            allowed_origins: Vec::new(),
+            loopback_hosts_only: false,
         }
     }
 }
@@ -83,6 +96,9 @@ pub struct Inner {
     nonce: AtomicU64,
     /// Request ids (`cmpl-…`, `chatcmpl-…`).
     ids: AtomicU64,
+    /// Held by the weight load in progress: one at a time (each holds a whole copy
+    /// of the model).
+    pub weight_load: tokio::sync::Mutex<()>,
 }
 
 impl std::ops::Deref for AppState {
@@ -109,6 +125,7 @@ impl AppState {
             config,
             nonce: AtomicU64::new(started),
             ids: AtomicU64::new(0),
+            weight_load: tokio::sync::Mutex::new(()),
         }))
     }
 }

@@ -92,6 +92,8 @@ pub fn serve_with(configure: impl FnOnce(&mut ServeConfig)) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny(&dir.path().join("tiny"), 7);
     let mut config = ServeConfig::new("tiny");
+    // Weight loads from the fixture's folder (where tests write other checkpoints).
+    config.weights_dir = Some(std::fs::canonicalize(dir.path()).unwrap());
     configure(&mut config);
     let server = TestServer::start(model.clone(), EngineConfig::default(), config);
     Fixture { dir, model, server }
