@@ -3,6 +3,8 @@ engine, the log's fields, and a resumed run that goes on from its checkpoint."""
 
 import json
 
+import pytest
+
 import treegrpo
 
 from conftest import TEST_MODEL
