@@ -1,13 +1,14 @@
-//! Our GGUF byte-level BPE tokenizer against the `tokenizers` crate (HF's reference
-//! implementation), both built from the SAME vocabulary and merges: the ones stored in
-//! the default model's GGUF metadata (SmolLM2-135M-Instruct, `tokenizer.ggml.pre =
-//! smollm`).
+//! Our GGUF tokenizer (a `tokenizers` pipeline assembled from GGUF metadata by
+//! `src/model/tokenizer/gguf.rs`) against the tokenizer SmolLM2 itself ships, both built
+//! from the SAME vocabulary and merges: the ones stored in the default model's GGUF
+//! metadata (SmolLM2-135M-Instruct, `tokenizer.ggml.pre = smollm`).
 //!
-//! The reference side is assembled the way SmolLM2's own `tokenizer.json` is: a BPE
-//! model over `tokenizer.ggml.tokens` / `tokenizer.ggml.merges`, the pre-tokenizer
+//! The reference side is assembled by hand the way SmolLM2's own `tokenizer.json` is: a
+//! BPE model over `tokenizer.ggml.tokens` / `tokenizer.ggml.merges`, the pre-tokenizer
 //! `Sequence[Digits(individual_digits), ByteLevel(add_prefix_space=false, regex)]`, a
 //! ByteLevel decoder, and every control token (`token_type == 3`) as a special added
-//! token. The GGUF metadata is read with candle's reader, not ours.
+//! token. The GGUF metadata is read with candle's reader, not ours. (The merge loop our
+//! GGUF tokenizer used before is the oracle of `tokenizer_oracle_tests.rs`.)
 //!
 //! Why: a tokenizer that differs from the one the model was trained with gives the model
 //! token sequences it never saw; the damage is silent (plausible but worse text). So for

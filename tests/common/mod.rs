@@ -5,6 +5,7 @@ pub mod batch;
 pub mod http;
 pub mod oracle;
 pub mod python;
+pub mod reference_bpe;
 pub mod rng;
 pub mod server;
 pub mod tiny;

@@ -1,17 +1,17 @@
 //! Tokenizers: text ↔ token ids.
 //!
-//! A GGUF file carries its vocabulary in metadata, which [`BpeTokenizer`] turns into a
-//! byte-level BPE tokenizer of our own; an HF directory carries `tokenizer.json`, which
-//! the `tokenizers` crate loads. [`Tokenizer`] hides which one a model uses.
+//! Every model's tokenizer is a `tokenizers::Tokenizer`: an HF directory carries it as
+//! `tokenizer.json`; a GGUF file carries its vocabulary in metadata, from which
+//! [`gguf::build`] assembles the same pipeline in memory. [`Tokenizer`] adds the
+//! special tokens a generation needs and the one rule untrusted text needs: encoded
+//! with special-token parsing off, text such as `<|im_end|>` stays text.
 
-pub mod bpe;
-pub mod byte_level;
 mod export;
+pub mod gguf;
 pub mod pretokenize;
 
 use std::path::Path;
 
-pub use bpe::BpeTokenizer;
 pub use pretokenize::PreTokenizer;
 
 use super::error::ModelError;
@@ -22,16 +22,17 @@ use super::TokenId;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
-#[derive(Debug)]
-enum Backend {
-    Bpe(Box<BpeTokenizer>),
-    Hf(Box<tokenizers::Tokenizer>),
-}
-
 /// A model's tokenizer with its special tokens.
 #[derive(Debug)]
 pub struct Tokenizer {
-    backend: Backend,
+    /// Matches special-token text as the special token: for text we render (chat
+    /// templates, prompts).
+    parsing: Box<tokenizers::Tokenizer>,
+    /// The same tokenizer with `encode_special_tokens` set: special-token text is
+    /// encoded as the plain text it is (tool observations, retrieved documents). Kept
+    /// as a second copy because the setting is the tokenizer's, not the call's, and a
+    /// lock around one copy would serialise every encode.
+    literal: Box<tokenizers::Tokenizer>,
     bos: Option<TokenId>,
     /// Tokens that end a generation: the declared EOS plus chat end-of-turn markers.
     eos: Vec<TokenId>,
@@ -39,39 +40,43 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
-    /// Wraps a `tokenizers` tokenizer (HF directories).
+    /// Wraps a `tokenizers` tokenizer (an HF directory's, or one built from GGUF).
     pub fn from_hf(
         tok: tokenizers::Tokenizer,
         bos: Option<TokenId>,
         eos: Vec<TokenId>,
         add_bos: bool,
     ) -> Self {
+        let mut literal = tok.clone();
+        literal.set_encode_special_tokens(true);
         Tokenizer {
-            backend: Backend::Hf(Box::new(tok)),
+            parsing: Box::new(tok),
+            literal: Box::new(literal),
             bos,
             eos,
             add_bos,
         }
     }
 
-    /// Encodes text. Special-token text (e.g. `<|im_start|>`) becomes the special token
-    /// when `parse_special` is set — right for chat templates we render, wrong for
-    /// untrusted text such as tool observations.
+    /// Encodes text. With `parse_special`, special-token text (e.g. `<|im_start|>`)
+    /// becomes the special token — right for chat templates we render; without, it is
+    /// encoded as plain text — right for untrusted text such as tool observations,
+    /// which must never close a turn. Special means marked special in the tokenizer
+    /// (for a GGUF: its control and user-defined tokens); an HF added token marked
+    /// non-special (Qwen's `<tool_call>`, say) is matched either way, as HF does.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<TokenId>, ModelError> {
-        match &self.backend {
-            Backend::Bpe(b) => Ok(b.encode(text, parse_special)),
-            Backend::Hf(t) => {
-                // Known limit: `tokenizers` always turns added-token text into the added
-                // token, so for HF models `parse_special = false` is not honoured.
-                let enc = t
-                    .encode(text, false)
-                    .map_err(|source| ModelError::Tokenizer {
-                        context: "cannot encode the text",
-                        source,
-                    })?;
-                Ok(enc.get_ids().to_vec())
-            }
-        }
+        let tok = if parse_special {
+            &self.parsing
+        } else {
+            &self.literal
+        };
+        let enc = tok
+            .encode(text, false)
+            .map_err(|source| ModelError::Tokenizer {
+                context: "cannot encode the text",
+                source,
+            })?;
+        Ok(enc.get_ids().to_vec())
     }
 
     /// Encodes a whole prompt: a BOS first when the model wants one.
@@ -84,34 +89,27 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// Decodes ids, special tokens included as their text.
+    /// Decodes ids, special tokens included as their text; ids outside the vocabulary
+    /// are skipped, bytes that do not form UTF-8 become U+FFFD.
     pub fn decode(&self, ids: &[TokenId]) -> Result<String, ModelError> {
-        match &self.backend {
-            Backend::Bpe(b) => Ok(b.decode(ids)),
-            Backend::Hf(t) => t
-                .decode(ids, false)
-                .map_err(|source| ModelError::Tokenizer {
-                    context: "cannot decode the ids",
-                    source,
-                }),
-        }
+        self.parsing
+            .decode(ids, false)
+            .map_err(|source| ModelError::Tokenizer {
+                context: "cannot decode the ids",
+                source,
+            })
     }
 
     /// Tokens in the vocabulary, added tokens included (at most the model's
     /// `vocab_size`: loading checks it).
     pub fn vocab_size(&self) -> usize {
-        match &self.backend {
-            Backend::Bpe(b) => b.vocab_size(),
-            Backend::Hf(t) => t.get_vocab_size(true),
-        }
+        self.parsing.get_vocab_size(true)
     }
 
-    /// The id of the token whose stored text is `text`, `None` if there is none.
+    /// The id of the token whose stored text is `text` (the byte-level alphabet for
+    /// ordinary tokens), `None` if there is none.
     pub fn token_id(&self, text: &str) -> Option<TokenId> {
-        match &self.backend {
-            Backend::Bpe(b) => b.token_id(text),
-            Backend::Hf(t) => t.token_to_id(text),
-        }
+        self.parsing.token_to_id(text)
     }
 
     /// The beginning-of-sequence token, if the model declares one.
@@ -126,11 +124,8 @@ impl Tokenizer {
     }
 
     fn id_text(&self, id: Option<TokenId>) -> String {
-        let Some(id) = id else { return String::new() };
-        match &self.backend {
-            Backend::Bpe(b) => b.token(id).unwrap_or_default().to_string(),
-            Backend::Hf(t) => t.id_to_token(id).unwrap_or_default(),
-        }
+        id.and_then(|id| self.parsing.id_to_token(id))
+            .unwrap_or_default()
     }
 
     /// The BOS token's text (chat templates refer to it).
@@ -188,14 +183,9 @@ pub fn gguf_tokenizer(md: &Metadata<'_>) -> Result<Tokenizer, ModelError> {
         .opt_usize("tokenizer.ggml.eos_token_id")?
         .map(|v| v as TokenId);
     let add_bos = md.bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
-    let bpe = BpeTokenizer::new(tokens, &merges, &specials, pre).map_err(missing)?;
-    let eos = stop_tokens(eos, |t| bpe.token_id(t));
-    Ok(Tokenizer {
-        backend: Backend::Bpe(Box::new(bpe)),
-        bos,
-        eos,
-        add_bos,
-    })
+    let tok = gguf::build(&tokens, &merges, &specials, &pre).map_err(missing)?;
+    let eos = stop_tokens(eos, |t| tok.token_to_id(t));
+    Ok(Tokenizer::from_hf(tok, bos, eos, add_bos))
 }
 
 /// The declared EOS plus the end-of-turn markers of common chat formats, so that a

@@ -1,17 +1,16 @@
-//! Pre-tokenisers: how text is split into pieces before BPE merges inside each piece.
+//! Pre-tokenisation schemes: how text is split into pieces before the BPE merges
+//! apply inside each piece.
 //!
 //! GGUF names the scheme in `tokenizer.ggml.pre`; these are the regexes llama.cpp and
-//! the HF tokenizers use for each name.
-
-use fancy_regex::Regex;
-use unicode_normalization::UnicodeNormalization;
+//! the HF tokenizers use for each name. A scheme is only a description here: the
+//! `tokenizers` pipeline built from it (`gguf.rs`) does the splitting.
 
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// A named splitting scheme.
-#[derive(Debug)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreTokenizer {
     /// The `tokenizer.ggml.pre` name it was made from.
     name: String,
@@ -19,7 +18,7 @@ pub struct PreTokenizer {
     isolate_digits: bool,
     /// Apply NFC before splitting (Qwen2).
     nfc: bool,
-    regex: Regex,
+    pattern: &'static str,
 }
 
 impl PreTokenizer {
@@ -32,12 +31,11 @@ impl PreTokenizer {
             "llama3" | "llama-bpe" | "llama-v3" => (LLAMA3, false, false),
             _ => return None,
         };
-        let regex = Regex::new(pattern).ok()?;
         Some(PreTokenizer {
             name: name.to_string(),
             isolate_digits,
             nfc,
-            regex,
+            pattern,
         })
     }
 
@@ -48,7 +46,13 @@ impl PreTokenizer {
 
     /// The regex the pieces are matched with (after the digit split and NFC).
     pub fn pattern(&self) -> &str {
-        self.regex.as_str()
+        self.pattern
+    }
+
+    /// Whether the pattern is GPT-2's, which HF's `ByteLevel(use_regex = true)` applies
+    /// itself.
+    pub fn is_gpt2_pattern(&self) -> bool {
+        self.pattern == GPT2
     }
 
     /// Whether digits are split one by one first.
@@ -64,53 +68,5 @@ impl PreTokenizer {
     /// The names [`Self::from_gguf_name`] accepts, for error messages.
     pub fn known_names() -> &'static str {
         "default, gpt2, smollm, starcoder, refact, qwen2, llama3, llama-bpe"
-    }
-
-    /// Splits `text` into pieces that BPE encodes independently.
-    pub fn split(&self, text: &str) -> Vec<String> {
-        let text: String = if self.nfc {
-            text.nfc().collect()
-        } else {
-            text.to_string()
-        };
-        let mut pieces = Vec::new();
-        if self.isolate_digits {
-            let mut run = String::new();
-            for c in text.chars() {
-                if c.is_numeric() {
-                    if !run.is_empty() {
-                        self.split_regex(&run, &mut pieces);
-                        run.clear();
-                    }
-                    pieces.push(c.to_string());
-                } else {
-                    run.push(c);
-                }
-            }
-            if !run.is_empty() {
-                self.split_regex(&run, &mut pieces);
-            }
-        } else {
-            self.split_regex(&text, &mut pieces);
-        }
-        pieces
-    }
-
-    fn split_regex(&self, text: &str, out: &mut Vec<String>) {
-        let mut last = 0;
-        for m in self.regex.find_iter(text) {
-            let Ok(m) = m else {
-                // Backtracking limit hit: keep the rest whole rather than lose text.
-                break;
-            };
-            if m.start() > last {
-                out.push(text[last..m.start()].to_string());
-            }
-            out.push(m.as_str().to_string());
-            last = m.end();
-        }
-        if last < text.len() {
-            out.push(text[last..].to_string());
-        }
     }
 }
