@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::http;
-use common::server::{ok, serve_with, wait_until_idle};
+use common::server::{ok, send_raw, serve_with, wait_for, wait_until_idle};
 use serde_json::{json, Value};
 
 /// This process's resident memory, in bytes (the server runs in it).
@@ -21,27 +21,6 @@ fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
     let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
     pages * 4096
-}
-
-/// Sends `body` to `path` on a connection of its own and leaves it open.
-fn send_raw(addr: std::net::SocketAddr, path: &str, body: &Value) -> TcpStream {
-    let mut conn = TcpStream::connect(addr).unwrap();
-    let body = body.to_string();
-    write!(
-        conn,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    conn
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !done() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 #[test]

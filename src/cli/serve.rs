@@ -59,6 +59,20 @@ pub struct ServeArgs {
     /// server; a request with any other `Origin` header is 403.
     #[arg(long, value_delimiter = ',')]
     allowed_origins: Vec<String>,
+    /// Most connections open at once; one more is answered 503 and closed.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds a client may take to send a request's header (or, kept alive, to
+    /// start its next request) before its connection is closed.
+    #[arg(long, default_value_t = 60.0)]
+    header_timeout: f64,
+    /// Seconds a client may take to send a request's body (408 after it).
+    #[arg(long, default_value_t = 600.0)]
+    request_timeout: f64,
+    /// Seconds a response may wait for the client to read before the connection is
+    /// cut and the request's sequences are freed (a stalled stream reader).
+    #[arg(long, default_value_t = 600.0)]
+    idle_write_timeout: f64,
     /// The model id /v1/models lists (default: the model file's name).
     #[arg(long)]
     served_model_name: Option<String>,
@@ -95,6 +109,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         queue_timeout: seconds("--queue-timeout", a.queue_timeout)?,
         max_body_bytes: a.max_body_mib << 20,
         max_rollout_leaves: a.max_rollout_leaves,
+        max_connections: a.max_connections.max(1),
+        header_timeout: seconds("--header-timeout", a.header_timeout)?,
+        request_timeout: seconds("--request-timeout", a.request_timeout)?,
+        idle_write_timeout: seconds("--idle-write-timeout", a.idle_write_timeout)?,
         allowed_origins: a.allowed_origins.clone(),
         // A loopback bind answers loopback names only: a DNS-rebound name is 403.
         loopback_hosts_only: a.host.is_loopback(),

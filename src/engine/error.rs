@@ -130,6 +130,14 @@ pub enum EngineError {
     /// [`EngineError::replicate`]): it displays and chains exactly as the original.
     #[error(transparent)]
     Shared(Arc<EngineError>),
+    /// The engine thread panicked: this call, every call waiting on it and every
+    /// later one fail with its message. The engine's state cannot be trusted after a
+    /// panic, so nothing more is computed; start a new engine (a server exits).
+    #[error("the engine thread panicked ({message}); the engine must be restarted")]
+    Died {
+        /// The panic's message.
+        message: String,
+    },
     /// The engine thread is gone (it was shut down, or panicked), so the request
     /// could not be sent or its answer never came; start a new engine.
     #[error("the engine thread has stopped")]
@@ -195,6 +203,9 @@ impl EngineError {
                 pinned: *pinned,
             },
             Freed(s) => Freed(*s),
+            Died { message } => Died {
+                message: message.clone(),
+            },
             BadToken { token, vocab } => BadToken {
                 token: *token,
                 vocab: *vocab,

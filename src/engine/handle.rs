@@ -17,6 +17,7 @@ use crate::model::{LoadedModel, Model, TokenId};
 
 use super::core::{EngineConfig, EngineCore, Generation};
 use super::counters::{EngineStats, SeqUsage};
+use super::death::{panic_message, Death};
 use super::error::EngineError;
 use super::sampling::SampledToken;
 use super::stop::GenParams;
@@ -63,6 +64,26 @@ enum Command {
     LoadWeights(Arc<Model>, Option<WeightVersion>, Reply<WeightVersion>),
 }
 
+impl Command {
+    /// Answers the command with `err` instead of applying it.
+    fn fail(self, err: EngineError) {
+        use Command::*;
+        match self {
+            Add(_, r) | Fork(_, r) => drop(r.send(Err(err))),
+            Append(_, _, r) | Prefill(_, r) | Unpin(_, r) | ClearPrefixCache(r) => {
+                drop(r.send(Err(err)))
+            }
+            WaitForKvRoom(_, r) => drop(r.send(Err(err))),
+            Generate(_, _, r) | GenerateStream(_, _, _, r) => drop(r.send(Err(err))),
+            Free(_, r) => drop(r.send(Err(err))),
+            Pin(_, r) => drop(r.send(Err(err))),
+            Tokens(_, r) | SequenceTokens(_, r) => drop(r.send(Err(err))),
+            Stats(r) => drop(r.send(Err(err))),
+            LoadWeights(_, _, r) => drop(r.send(Err(err))),
+        }
+    }
+}
+
 /// A handle to the engine thread. Cloning it is cheap; the thread stops when the last
 /// handle is dropped.
 #[derive(Clone)]
@@ -71,6 +92,7 @@ pub struct Engine {
     commands: mpsc::Sender<Command>,
     model: Arc<LoadedModel>,
     config: EngineConfig,
+    death: Arc<Death>,
     _thread: Arc<JoinGuard>,
 }
 
@@ -91,16 +113,31 @@ impl Engine {
     pub fn start(model: Arc<LoadedModel>, config: EngineConfig) -> Result<Self, EngineError> {
         let core = EngineCore::new(model.clone(), config)?;
         let (tx, rx) = mpsc::channel();
+        let death = Arc::new(Death::default());
+        let thread_death = death.clone();
         let thread = std::thread::Builder::new()
             .name("treegrpo-engine".into())
-            .spawn(move || run(core, rx))
+            .spawn(move || run(core, rx, &thread_death))
             .map_err(EngineError::Spawn)?;
         Ok(Engine {
             commands: tx,
             model,
             config,
+            death,
             _thread: Arc::new(JoinGuard(Some(thread))),
         })
+    }
+
+    /// The message of the panic that killed the engine thread, if one did (then every
+    /// call fails with [`EngineError::Died`]).
+    pub fn died(&self) -> Option<&str> {
+        self.death.message()
+    }
+
+    /// Resolves with the panic's message once the engine thread has died (never, for
+    /// an engine that lives): a server waits on it to answer 503 and exit.
+    pub async fn until_died(&self) -> String {
+        self.death.wait().await
     }
 
     /// The model the engine started with: its tokenizer, chat template and config
@@ -291,6 +328,27 @@ struct Waiters {
 }
 
 impl Waiters {
+    /// Fails every reply owed (the engine thread died): generations, prefills, room
+    /// waits, a waiting swap and the commands held behind it. Streams just end.
+    fn fail_all(&mut self, err: &dyn Fn() -> EngineError) {
+        for (_, reply) in self.generations.drain() {
+            let _ = reply.send(Err(err()));
+        }
+        for reply in self.prefills.drain().flat_map(|(_, r)| r) {
+            let _ = reply.send(Err(err()));
+        }
+        for (_, reply) in self.kv_room.drain(..) {
+            let _ = reply.send(Err(err()));
+        }
+        if let Some((_, _, reply)) = self.swap.take() {
+            let _ = reply.send(Err(err()));
+        }
+        for cmd in self.deferred.drain(..) {
+            cmd.fail(err());
+        }
+        self.streams.clear();
+    }
+
     /// Applies `cmd` now, or holds it back behind a waiting swap.
     fn take(&mut self, core: &mut EngineCore, cmd: Command) {
         if self.swap.is_some() {
@@ -319,9 +377,34 @@ impl Waiters {
     }
 }
 
-/// The engine thread: apply commands, step while there is work, deliver results.
-fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
+/// The engine thread: serves commands until every handle is gone. A panic is caught:
+/// every caller owed a reply, and every later one, gets [`EngineError::Died`] naming
+/// it (see `death.rs`), and nothing more is computed.
+fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, death: &Death) {
     let mut waiters = Waiters::default();
+    // The core and the waiters are not touched again after a panic but to fail the
+    // replies they hold, so observing them half-updated is harmless.
+    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        serve(&mut core, &rx, &mut waiters)
+    }));
+    let Err(payload) = served else { return };
+    let message = panic_message(payload.as_ref());
+    death.record(message.clone());
+    let died = || EngineError::Died {
+        message: message.clone(),
+    };
+    waiters.fail_all(&died);
+    // Its drop could assert on the state the panic left (KV refcounts): leaked, as the
+    // process is about to end anyway.
+    std::mem::forget(core);
+    for cmd in rx.iter() {
+        cmd.fail(died());
+    }
+}
+
+/// Applies commands, steps while there is work, delivers results; returns when every
+/// handle is gone.
+fn serve(core: &mut EngineCore, rx: &mpsc::Receiver<Command>, waiters: &mut Waiters) {
     loop {
         // Block for a command only when idle; otherwise take what has arrived.
         let first = if core.has_work() {
@@ -338,11 +421,13 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
         };
         let mut next = first;
         while let Some(cmd) = next {
-            waiters.take(&mut core, cmd);
+            waiters.take(core, cmd);
             next = rx.try_recv().ok();
         }
-        waiters.settle_swap(&mut core);
+        waiters.settle_swap(core);
         if core.has_work() {
+            #[cfg(feature = "fault-injection")]
+            super::death::before_step();
             if let Err(e) = core.step() {
                 // A failed step fails every waiting caller: nothing is dropped
                 // silently, and the engine keeps serving.
@@ -384,7 +469,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>) {
         for (_, reply) in ready {
             let _ = reply.send(Ok(()));
         }
-        waiters.settle_swap(&mut core);
+        waiters.settle_swap(core);
     }
 }
 

@@ -21,6 +21,7 @@
 pub mod config;
 pub mod core;
 pub mod counters;
+mod death;
 pub mod error;
 mod finish;
 pub mod generate;

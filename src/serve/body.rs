@@ -23,15 +23,22 @@ impl<T: DeserializeOwned + KnownFields> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ServeError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, ServeError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ServeError::BodyTooLarge {
-                    limit: state.config.max_body_bytes,
+        // A body sent a byte a minute must not hold the connection and its handler.
+        let limit = state.config.request_timeout;
+        let bytes = tokio::time::timeout(limit, Bytes::from_request(req, state))
+            .await
+            .map_err(|_| ServeError::BodyTimeout {
+                seconds: limit.as_secs(),
+            })?
+            .map_err(|e| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ServeError::BodyTooLarge {
+                        limit: state.config.max_body_bytes,
+                    }
+                } else {
+                    ServeError::invalid("body", e.body_text())
                 }
-            } else {
-                ServeError::invalid("body", e.body_text())
-            }
-        })?;
+            })?;
         // An empty body reads as `{}`: endpoints whose fields all have defaults then
         // need none (`curl -X POST …/fork`).
         let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {

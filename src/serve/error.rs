@@ -83,6 +83,13 @@ pub enum ServeError {
         /// The server's session limit (`--max-sessions`).
         limit: usize,
     },
+    /// The client took longer than `--request-timeout` to send the request's body
+    /// (408).
+    #[error("the request body did not arrive within {seconds} s (--request-timeout)")]
+    BodyTimeout {
+        /// The server's limit, in seconds.
+        seconds: u64,
+    },
     /// More requests wait for room than the queue holds (`--max-queue`), or one waited
     /// past the queue timeout.
     #[error("the server is at capacity: {0}")]
@@ -146,6 +153,7 @@ impl ServeError {
             SessionBusy(_) => StatusCode::CONFLICT,
             SessionLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
             Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Engine(e) => engine_status(e),
             Rollout(RolloutError::Engine(e)) => engine_status(e),
             Model(
@@ -203,6 +211,8 @@ fn engine_status(e: &EngineError) -> StatusCode {
         Busy(_) | SwapWithPins { .. } => StatusCode::CONFLICT,
         UnknownSequence(_) => StatusCode::NOT_FOUND,
         Freed(_) => StatusCode::GONE,
+        // The engine is gone: retry elsewhere, or once a supervisor restarted us.
+        Died { .. } | Stopped => StatusCode::SERVICE_UNAVAILABLE,
         Shared(original) => engine_status(original),
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }

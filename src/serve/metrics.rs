@@ -117,6 +117,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ServeErr
     token_counters(&mut out, &stats.counters);
     kv_blocks(&mut out, &stats.kv);
     occupancy(&mut out, &state, &stats);
+    connections(&mut out, &state.connections);
     family(
         &mut out,
         "treegrpo_step_duration_seconds",
@@ -246,6 +247,46 @@ fn occupancy(out: &mut String, state: &AppState, stats: &EngineStats) {
         ),
     ];
     series(out, "gauge", &gauges);
+}
+
+/// The connection layer's figures (`connection.rs`).
+fn connections(out: &mut String, c: &super::connection::ConnectionCounters) {
+    use std::sync::atomic::Ordering::Relaxed;
+    series(
+        out,
+        "gauge",
+        &[(
+            "treegrpo_connections_open",
+            "Connections open now.",
+            c.open.load(Relaxed) as u64,
+        )],
+    );
+    series(
+        out,
+        "counter",
+        &[
+            (
+                "treegrpo_connections_accepted_total",
+                "Connections accepted.",
+                c.accepted.load(Relaxed),
+            ),
+            (
+                "treegrpo_connections_refused_total",
+                "Connections answered 503 and closed at --max-connections.",
+                c.refused.load(Relaxed),
+            ),
+            (
+                "treegrpo_header_timeouts_total",
+                "Connections closed because a request header did not arrive within --header-timeout.",
+                c.header_timeouts.load(Relaxed),
+            ),
+            (
+                "treegrpo_write_timeouts_total",
+                "Connections cut because the client read nothing for --idle-write-timeout.",
+                c.write_timeouts.load(Relaxed),
+            ),
+        ],
+    );
 }
 
 /// Unlabelled series of one kind: (name, help, value) each.

@@ -14,7 +14,9 @@
 //! - [`body`], [`sampling`]: request bodies and sampling fields; [`error`]: statuses.
 
 pub mod admin;
+pub mod blocking;
 pub mod body;
+pub mod connection;
 pub mod error;
 pub mod known_fields;
 pub mod limits;
@@ -146,6 +148,10 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// How long a server whose engine died goes on answering (503) before it exits, so
+/// requests in flight and health probes see why rather than a refused connection.
+pub const ENGINE_DEATH_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A bound server, not yet serving (so a caller can read the port it got for `:0`).
 pub struct Server {
     listener: TcpListener,
@@ -180,20 +186,60 @@ impl Server {
 
     /// Serves until `shutdown` resolves, then lets requests in flight finish and
     /// frees every session.
+    ///
+    /// If the engine thread dies, every request that needs it is answered 503 (so is
+    /// `/health`) for [`ENGINE_DEATH_DRAIN`], then the server shuts down and returns
+    /// the engine's [`EngineError::Died`](crate::engine::EngineError::Died) as the
+    /// error's source: `treegrpo serve` exits non-zero and a supervisor restarts it.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         let state = self.state.clone();
         let reaper = tokio::spawn(expire_sessions(state.clone()));
-        let result = axum::serve(self.listener, router(self.state))
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let engine = state.engine.clone();
+        let death = async move {
+            let message = engine.until_died().await;
+            eprintln!(
+                "treegrpo serve: the engine thread panicked ({message}); answering 503 for \
+                 {} s, then exiting",
+                ENGINE_DEATH_DRAIN.as_secs()
+            );
+            tokio::time::sleep(ENGINE_DEATH_DRAIN).await;
+        };
+        let stop = async move {
+            tokio::select! {
+                () = shutdown => {}
+                () = death => {}
+            }
+        };
+        let serving = connection::serve_connections(
+            self.listener,
+            router(self.state),
+            state.config.connection_limits(),
+            state.connections.clone(),
+            stop,
+        );
+        // After a death, requests still in flight get their 503s quickly; one that
+        // does not (a client reading nothing) is not waited on past the grace.
+        let engine = state.engine.clone();
+        tokio::select! {
+            () = serving => {}
+            _ = async {
+                engine.until_died().await;
+                tokio::time::sleep(ENGINE_DEATH_DRAIN * 5).await;
+            } => {}
+        }
         reaper.abort();
+        if let Some(message) = state.engine.died() {
+            return Err(std::io::Error::other(crate::engine::EngineError::Died {
+                message: message.to_string(),
+            }));
+        }
         for seq in state.sessions.drain() {
             let _ = state.engine.free(seq).await;
         }
-        result
+        Ok(())
     }
 }
 

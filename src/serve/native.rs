@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::model::TokenId;
 
+use super::blocking::off_the_workers;
 use super::body::{token_ids, ApiJson};
 use super::error::ServeError;
 use super::known_fields::{first_unknown, KnownFields, SAMPLING};
@@ -76,10 +77,11 @@ fn input_count(req: &GenerateRequest) -> usize {
 /// Inputs as token ids, and whether the request was a batch.
 fn inputs(
     state: &AppState,
-    req: &GenerateRequest,
+    text: Option<Many<String>>,
+    input_ids: Option<Many<Vec<i64>>>,
 ) -> Result<(Vec<Vec<TokenId>>, bool), ServeError> {
     let vocab = state.vocab();
-    let (inputs, batch) = match (&req.text, &req.input_ids) {
+    let (inputs, batch) = match (&text, &input_ids) {
         (Some(_), Some(_)) => {
             return Err(ServeError::invalid(
                 "input_ids",
@@ -120,7 +122,7 @@ fn inputs(
 /// choice answers with the object itself, anything else with a list.
 pub async fn generate(
     State(state): State<AppState>,
-    ApiJson(req): ApiJson<GenerateRequest>,
+    ApiJson(mut req): ApiJson<GenerateRequest>,
 ) -> Result<Json<Value>, ServeError> {
     if req.stream {
         return Err(ServeError::invalid(
@@ -136,7 +138,8 @@ pub async fn generate(
     // Before any input is tokenised and any choice's params built: a request that
     // could never run is refused.
     let sequences = limits::request_sequences(&state, input_count(&req), "input_ids", choices)?;
-    let (prompts, batch) = inputs(&state, &req)?;
+    let (text, input_ids) = (req.text.take(), req.input_ids.take());
+    let (prompts, batch) = off_the_workers(&state, move |s| inputs(s, text, input_ids)).await?;
     let mut fields = req.sampling_params.fields.clone();
     fields.max_new_tokens = Some(fields.max_new_tokens.unwrap_or(DEFAULT_NEW_TOKENS));
     let seed = fields.seed_or_fresh(&state);

@@ -22,6 +22,7 @@ use crate::engine::sampling::MAX_TOP_LOGPROBS;
 use crate::engine::{Generation, SamplingError};
 use crate::model::TokenId;
 
+use super::blocking::off_the_workers;
 use super::body::{chat_prompt, token_ids, ApiJson, MessageInput, OneOrMany, PromptInput};
 use super::error::ServeError;
 use super::known_fields::{first_unknown, KnownFields, ACCEPTED_IGNORED};
@@ -299,7 +300,10 @@ pub async fn completions(
         req.logprobs.unwrap_or(0),
     )?;
     let prepared = Prepared {
-        prompts: completion_prompts(&state, &req.prompt)?,
+        prompts: {
+            let prompt = req.prompt.clone();
+            off_the_workers(&state, move |s| completion_prompts(s, &prompt)).await?
+        },
         choices,
         seed: sampling.seed_or_fresh(&state),
         sampling,
@@ -392,7 +396,8 @@ pub async fn chat_completions(
     req.common.refuse_unsupported()?;
     let choices = req.common.choices()?;
     let sequences = request_sequences(&state, 1, "messages", choices)?;
-    let prompt = chat_prompt(&state, &req.messages)?;
+    let messages = req.messages.clone();
+    let prompt = off_the_workers(&state, move |s| chat_prompt(s, &messages)).await?;
     let alternatives = if req.logprobs {
         req.top_logprobs.unwrap_or(0)
     } else {

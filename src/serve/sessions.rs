@@ -21,6 +21,7 @@ use crate::engine::{Engine, WeightVersion};
 use crate::kv::SeqId;
 use crate::model::TokenId;
 
+use super::blocking::off_the_workers;
 use super::body::{chat_prompt, text_or_ids, ApiJson, MessageInput};
 use super::error::ServeError;
 use super::known_fields::{first_unknown, KnownFields, SAMPLING};
@@ -224,20 +225,35 @@ pub struct CreateRequest {
     messages: Option<Vec<MessageInput>>,
 }
 
+/// [`text_or_ids`] on the blocking pool (text is tokenised there).
+async fn text_or_ids_off_the_workers(
+    state: &AppState,
+    text: Option<String>,
+    input_ids: Option<Vec<i64>>,
+) -> Result<Vec<TokenId>, ServeError> {
+    off_the_workers(state, move |s| {
+        text_or_ids(s, text.as_deref(), input_ids.as_deref())
+    })
+    .await
+}
+
 /// `POST /v1/sessions`.
 pub async fn create(
     State(state): State<AppState>,
     ApiJson(req): ApiJson<CreateRequest>,
 ) -> Result<Json<Value>, ServeError> {
     let tokens = match &req.messages {
-        Some(m) if req.input_ids.is_none() && req.text.is_none() => chat_prompt(&state, m)?,
+        Some(m) if req.input_ids.is_none() && req.text.is_none() => {
+            let messages = m.clone();
+            off_the_workers(&state, move |s| chat_prompt(s, &messages)).await?
+        }
         Some(_) => {
             return Err(ServeError::invalid(
                 "messages",
                 "give one of `messages`, `text` or `input_ids`",
             ))
         }
-        None => text_or_ids(&state, req.text.as_deref(), req.input_ids.as_deref())?,
+        None => text_or_ids_off_the_workers(&state, req.text, req.input_ids).await?,
     };
     state.sessions.check_room(1)?;
     let weight_version = state.engine.stats().await?.weight_version;
@@ -316,7 +332,7 @@ pub async fn append(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<AppendRequest>,
 ) -> Result<Json<Value>, ServeError> {
-    let tokens = text_or_ids(&state, req.text.as_deref(), req.input_ids.as_deref())?;
+    let tokens = text_or_ids_off_the_workers(&state, req.text, req.input_ids).await?;
     let lease = state.sessions.lease(&id, &state.engine)?;
     if lease.tokens.len() + tokens.len() >= state.max_positions() {
         let prompt = lease.tokens.len();

@@ -47,13 +47,24 @@ pub struct ServeConfig {
     /// Answer only requests whose `Host` is a loopback name or address (what a
     /// loopback bind expects; a DNS-rebound name is 403).
     pub loopback_hosts_only: bool,
+    /// Most connections open at once; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's header (or, kept alive, to
+    /// start its next request) before the connection is closed.
+    pub header_timeout: Duration,
+    /// Longest a client may take to send a request's body (408 after it).
+    pub request_timeout: Duration,
+    /// Longest a response may wait for the client to read it before the connection
+    /// is cut (a stalled stream's sequences are freed then).
+    pub idle_write_timeout: Duration,
 }
 
 impl ServeConfig {
     /// A config serving under `model_name` with the library's defaults: no API key,
     /// 1024 sessions idle-closed after 600 s, 256 running sequences, 1024 queued
     /// requests waiting at most 60 s, bodies up to 16 MiB, rollout requests of up to
-    /// 16,384 leaves, no loading of weights from disk, no browser origin allowed.
+    /// 16,384 leaves, no loading of weights from disk, no browser origin allowed,
+    /// 1024 connections, 60 s for a header, 600 s for a body and for a stalled write.
     pub fn new(model_name: impl Into<String>) -> Self {
         ServeConfig {
             model_name: model_name.into(),
@@ -68,6 +79,19 @@ impl ServeConfig {
             weights_dir: None,
             allowed_origins: Vec::new(),
             loopback_hosts_only: false,
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(600),
+            idle_write_timeout: Duration::from_secs(600),
+        }
+    }
+
+    /// The limits the connection layer applies.
+    pub fn connection_limits(&self) -> super::connection::ConnectionLimits {
+        super::connection::ConnectionLimits {
+            max_connections: self.max_connections,
+            header_timeout: self.header_timeout,
+            idle_write_timeout: self.idle_write_timeout,
         }
     }
 }
@@ -89,6 +113,8 @@ pub struct Inner {
     pub sessions: SessionTable,
     /// Counters and latencies `GET /metrics` reports.
     pub metrics: Metrics,
+    /// Connections open, accepted, refused and timed out (`/metrics`).
+    pub connections: Arc<super::connection::ConnectionCounters>,
     /// The gate bounding how many sequences run for requests at once.
     pub admission: Admission,
     /// Seeds of requests that name none: distinct per request, so two unseeded
@@ -120,6 +146,7 @@ impl AppState {
             sessions: SessionTable::new(config.max_sessions, config.session_ttl),
             admission: Admission::new(config.max_running, config.max_queue, config.queue_timeout),
             metrics: Metrics::default(),
+            connections: Arc::default(),
             engine,
             model,
             config,

@@ -160,3 +160,25 @@ pub fn greedy_oracle(
     .unwrap();
     out.tokens.iter().map(|t| (t.token, t.logprob)).unzip()
 }
+
+/// Sends `body` to `path` on a connection of its own and leaves it open.
+pub fn send_raw(addr: SocketAddr, path: &str, body: &Value) -> std::net::TcpStream {
+    use std::io::Write as _;
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    let body = body.to_string();
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    conn
+}
+
+pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

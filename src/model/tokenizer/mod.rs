@@ -70,8 +70,9 @@ impl Tokenizer {
         } else {
             &self.literal
         };
+        // `encode_fast`: the same ids, without the char offsets we never read.
         let enc = tok
-            .encode(text, false)
+            .encode_fast(text, false)
             .map_err(|source| ModelError::Tokenizer {
                 context: "cannot encode the text",
                 source,
