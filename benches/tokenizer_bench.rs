@@ -93,7 +93,11 @@ fn main() {
             if name.starts_with("one word") {
                 last_old = Some((text.len(), old_t));
             }
-            format!("{:.3} s | {:.2}", old_t.as_secs_f64(), mb_per_s(text.len(), old_t))
+            format!(
+                "{:.3} s | {:.2}",
+                old_t.as_secs_f64(),
+                mb_per_s(text.len(), old_t)
+            )
         };
         println!(
             "| {name} | {} | {} | {:.3} s | {:.2} | {old_cell} |",

@@ -38,7 +38,11 @@ fn a_connection_past_the_cap_is_refused_with_503_and_the_server_serves_on() {
         // Each probe is a connection of its own: wait until the holders are the
         // ones open (the probe itself may be refused while they are).
         let mut probe = TcpStream::connect(a).unwrap();
-        write!(probe, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            probe,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         read_until_closed(&mut probe, Duration::from_secs(10))
             .unwrap()
             .starts_with("HTTP/1.1 503")
@@ -47,13 +51,17 @@ fn a_connection_past_the_cap_is_refused_with_503_and_the_server_serves_on() {
     write!(third, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
     let reply = read_until_closed(&mut third, Duration::from_secs(10)).unwrap();
     assert!(reply.starts_with("HTTP/1.1 503"), "{reply}");
-    assert!(reply.to_ascii_lowercase().contains("retry-after: 1"), "{reply}");
+    assert!(
+        reply.to_ascii_lowercase().contains("retry-after: 1"),
+        "{reply}"
+    );
     assert!(reply.contains("--max-connections"), "{reply}");
 
     drop(holders);
-    wait_for("the server did not serve again after the holders left", || {
-        http::get(a, "/health").status == 200
-    });
+    wait_for(
+        "the server did not serve again after the holders left",
+        || http::get(a, "/health").status == 200,
+    );
     assert!(f.server.metric("treegrpo_connections_refused_total") >= 2.0);
     assert!(f.server.metric("treegrpo_connections_accepted_total") >= 3.0);
 }

@@ -42,7 +42,10 @@ fn an_engine_panic_gives_503s_a_failing_health_check_and_a_non_zero_exit() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let addr: SocketAddr = loop {
-        let line = lines.next().expect("the server exited before listening").unwrap();
+        let line = lines
+            .next()
+            .expect("the server exited before listening")
+            .unwrap();
         if let Some(rest) = line.split("listening on http://").nth(1) {
             break rest.split_whitespace().next().unwrap().parse().unwrap();
         }
@@ -59,14 +62,18 @@ fn an_engine_panic_gives_503s_a_failing_health_check_and_a_non_zero_exit() {
 
     assert_eq!(http::get(addr, "/health").status, 200);
     // One generation of two tokens: a prefill step, a decode step.
-    let two = json!({"input_ids": [1, 5, 9], "sampling_params": {"max_new_tokens": 2, "temperature": 0}});
+    let two =
+        json!({"input_ids": [1, 5, 9], "sampling_params": {"max_new_tokens": 2, "temperature": 0}});
     let first = http::post(addr, "/generate", &two);
     assert_eq!(first.status, 200, "{}", first.text());
 
     // The next one's first step is the third: the engine thread panics under it.
     let dead = http::post(addr, "/generate", &two);
     assert_eq!(dead.status, 503, "{}", dead.text());
-    let message = dead.json()["error"]["message"].as_str().unwrap().to_string();
+    let message = dead.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(
         message.contains("engine thread panicked") && message.contains("fault injected"),
         "{message}"
@@ -75,7 +82,11 @@ fn an_engine_panic_gives_503s_a_failing_health_check_and_a_non_zero_exit() {
     // server drains before it exits.
     let health = http::get(addr, "/health");
     assert_eq!(health.status, 503, "{}", health.text());
-    assert!(health.text().contains("fault injected"), "{}", health.text());
+    assert!(
+        health.text().contains("fault injected"),
+        "{}",
+        health.text()
+    );
     let after = http::post(addr, "/generate", &two);
     assert_eq!(after.status, 503);
 

@@ -10,7 +10,7 @@ mod common;
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::http;
 use common::server::{ok, send_raw, serve_with, wait_for, wait_until_idle};

@@ -72,12 +72,25 @@ fn health_answers_within_100_ms_while_two_one_million_letter_words_are_tokenised
         // Answered: about 600,000 tokens are more than the context holds, which is
         // known only once the text is tokenised.
         assert_eq!(reply.status, 400, "{}", reply.text());
-        let message = reply.json()["error"]["message"].as_str().unwrap().to_string();
+        let message = reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_string();
         assert!(message.contains("context"), "{message}");
         eprintln!("a one-million-letter prompt answered in {took:?}");
     }
     let slowest = probes.iter().max().copied().unwrap_or_default();
-    eprintln!("{} health probes while tokenising, slowest {slowest:?}", probes.len());
-    assert!(probes.len() >= 3, "only {} probes: tokenising took no time?", probes.len());
-    assert!(slowest < Duration::from_millis(100), "a health probe took {slowest:?}");
+    eprintln!(
+        "{} health probes while tokenising, slowest {slowest:?}",
+        probes.len()
+    );
+    assert!(
+        probes.len() >= 3,
+        "only {} probes: tokenising took no time?",
+        probes.len()
+    );
+    assert!(
+        slowest < Duration::from_millis(100),
+        "a health probe took {slowest:?}"
+    );
 }

@@ -101,7 +101,8 @@ pub async fn serve_connections(
         http.timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .keep_alive(true);
-        let conn = graceful.watch(http.serve_connection(io, TowerToHyperService::new(router.clone())));
+        let conn =
+            graceful.watch(http.serve_connection(io, TowerToHyperService::new(router.clone())));
         let counters = counters.clone();
         tokio::spawn(async move {
             if let Err(e) = conn.await {
@@ -165,7 +166,11 @@ impl WriteDeadline {
 
     /// After the inner write or flush: progress disarms the deadline; waiting arms it
     /// and, once it has passed, becomes an error.
-    fn deadline<T>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+    fn deadline<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
         if poll.is_ready() {
             self.stalled = None;
             return poll;

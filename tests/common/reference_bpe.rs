@@ -55,10 +55,6 @@ fn encode_bytes(text: &str) -> String {
     text.bytes().map(|b| table[b as usize]).collect()
 }
 
-const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
-const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-
 /// A named splitting scheme.
 #[derive(Debug)]
 pub struct ReferenceSplit {
@@ -72,13 +68,14 @@ pub struct ReferenceSplit {
 impl ReferenceSplit {
     /// The scheme for a `tokenizer.ggml.pre` name, or `None` if we do not know it.
     pub fn from_gguf_name(name: &str) -> Option<Self> {
-        let (pattern, isolate_digits, nfc) = match name {
-            "default" | "gpt2" | "gpt-2" => (GPT2, false, false),
-            "smollm" | "starcoder" | "refact" => (GPT2, true, false),
-            "qwen2" => (QWEN2, false, true),
-            "llama3" | "llama-bpe" | "llama-v3" => (LLAMA3, false, false),
-            _ => return None,
-        };
+        // The scheme table (regex, digit split, NFC) is data, read from the library;
+        // the oracle is the splitting and merging done with it.
+        let scheme = treegrpo::model::tokenizer::PreTokenizer::from_gguf_name(name)?;
+        let (pattern, isolate_digits, nfc) = (
+            scheme.pattern(),
+            scheme.isolates_digits(),
+            scheme.normalizes_nfc(),
+        );
         let regex = Regex::new(pattern).ok()?;
         Some(ReferenceSplit {
             isolate_digits,
@@ -321,7 +318,11 @@ impl ReferenceBpe {
     /// The oracle for a vocabulary (its control tokens as the specials) split by the
     /// scheme `tokenizer.ggml.pre` names.
     pub fn from_vocabulary(vocab: &super::tiny::Vocabulary, pre: &str) -> Self {
-        let merges: Vec<String> = vocab.merges.iter().map(|(a, b)| format!("{a} {b}")).collect();
+        let merges: Vec<String> = vocab
+            .merges
+            .iter()
+            .map(|(a, b)| format!("{a} {b}"))
+            .collect();
         let split = ReferenceSplit::from_gguf_name(pre).expect("a known pre-tokenizer");
         ReferenceBpe::new(vocab.tokens.clone(), &merges, &vocab.specials, split).unwrap()
     }
