@@ -3,7 +3,8 @@
 //! (the process grows by less than 50 MiB over all of them, where several used to
 //! abort it); clients dropped while queued give their places back; a request whose
 //! sequences could never run together is refused at once; a rollout whose client
-//! leaves stops and frees its sequences; session ids are 128 random bits. A tiny
+//! leaves stops and frees its sequences; session ids are 128 random bits, and a
+//! session belongs to the API key that created it. A tiny
 //! model, as in `serve_tests.rs`.
 
 mod common;
@@ -266,6 +267,104 @@ fn session_ids_are_128_random_bits() {
     let halves: std::collections::HashSet<&str> =
         ids.iter().flat_map(|id| [&id[5..21], &id[21..]]).collect();
     assert_eq!(halves.len(), 8, "{ids:?}");
+}
+
+#[test]
+fn a_session_belongs_to_the_key_that_created_it() {
+    let f = serve_with(|c| c.api_keys = vec!["key-a".into(), "key-b".into()]);
+    let a = f.server.addr;
+    let call = |key: &str, method: &str, path: &str, body: Option<Value>| {
+        let auth = format!("Bearer {key}");
+        let body = body.map(|b| b.to_string());
+        http::request(
+            a,
+            method,
+            path,
+            &[
+                ("Authorization", &auth),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_deref().map(str::as_bytes),
+        )
+    };
+    let created = ok(call(
+        "key-a",
+        "POST",
+        "/v1/sessions",
+        Some(json!({"input_ids": [1, 2]})),
+    ));
+    let id = created["session_id"].as_str().unwrap().to_string();
+    let forked = ok(call(
+        "key-a",
+        "POST",
+        &format!("/v1/sessions/{id}/fork"),
+        Some(json!({"n": 2})),
+    ));
+    let branch = forked["session_ids"][0].as_str().unwrap().to_string();
+
+    // To the other key neither the session nor its branch exists: every route 404,
+    // exactly as for an id never issued.
+    for target in [
+        &id,
+        &branch,
+        &"sess-00000000000000000000000000000000".to_string(),
+    ] {
+        let gen = json!({"sampling_params": {"max_new_tokens": 2}});
+        let tries = [
+            call("key-b", "GET", &format!("/v1/sessions/{target}"), None),
+            call(
+                "key-b",
+                "POST",
+                &format!("/v1/sessions/{target}/generate"),
+                Some(gen),
+            ),
+            call(
+                "key-b",
+                "POST",
+                &format!("/v1/sessions/{target}/append"),
+                Some(json!({"input_ids": [3]})),
+            ),
+            call(
+                "key-b",
+                "POST",
+                &format!("/v1/sessions/{target}/fork"),
+                Some(json!({"n": 1})),
+            ),
+            call("key-b", "DELETE", &format!("/v1/sessions/{target}"), None),
+        ];
+        for reply in tries {
+            assert_eq!(reply.status, 404, "{target}: {}", reply.text());
+        }
+    }
+    // Nothing the other key tried changed them; their owner still drives both.
+    let shown = ok(call("key-a", "GET", &format!("/v1/sessions/{id}"), None));
+    assert_eq!(shown["input_ids"], json!([1, 2]));
+    ok(call(
+        "key-a",
+        "POST",
+        &format!("/v1/sessions/{branch}/append"),
+        Some(json!({"input_ids": [3]})),
+    ));
+    ok(call(
+        "key-a",
+        "DELETE",
+        &format!("/v1/sessions/{branch}"),
+        None,
+    ));
+    ok(call("key-a", "DELETE", &format!("/v1/sessions/{id}"), None));
+    // Key b creates and owns sessions of its own.
+    let own = ok(call(
+        "key-b",
+        "POST",
+        "/v1/sessions",
+        Some(json!({"input_ids": [4]})),
+    ));
+    let own = own["session_id"].as_str().unwrap();
+    ok(call("key-b", "GET", &format!("/v1/sessions/{own}"), None));
+    assert_eq!(
+        call("key-a", "GET", &format!("/v1/sessions/{own}"), None).status,
+        404
+    );
 }
 
 /// The status of a raw `GET /v1/models` with `Host: host`.

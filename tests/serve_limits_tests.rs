@@ -177,7 +177,7 @@ fn limits_answer_429_and_503_with_retry_after_and_the_key_401() {
         c.max_sessions = 2;
         c.max_running = 1;
         c.max_queue = 0;
-        c.api_key = Some("sekrit".into());
+        c.api_keys = vec!["sekrit".into()];
     });
     let a = f.server.addr;
     let auth = [

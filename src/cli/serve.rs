@@ -32,9 +32,10 @@ pub struct ServeArgs {
     /// Seconds an idle session lives before it is closed and its KV freed.
     #[arg(long, default_value_t = 600.0)]
     session_ttl: f64,
-    /// Require `Authorization: Bearer KEY` on every route but /health.
-    #[arg(long, env = "TREEGRPO_API_KEY")]
-    api_key: Option<String>,
+    /// Require `Authorization: Bearer KEY` on every route but /health; repeat for
+    /// several clients, each of which sees only the fork sessions it created.
+    #[arg(long = "api-key", env = "TREEGRPO_API_KEY", value_delimiter = ',')]
+    api_keys: Vec<String>,
     /// Most sequences generating for requests at once (more wait in the queue).
     #[arg(long, default_value_t = 256)]
     max_running: usize,
@@ -101,7 +102,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         )
     });
     let config = ServeConfig {
-        api_key: a.api_key.clone(),
+        api_keys: a.api_keys.clone(),
         max_sessions: a.max_sessions,
         session_ttl: seconds("--session-ttl", a.session_ttl)?,
         max_running: a.max_running,

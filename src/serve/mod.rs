@@ -44,6 +44,7 @@ use tokio::net::TcpListener;
 use crate::engine::Engine;
 
 pub use error::ServeError;
+pub use sessions::Caller;
 pub use state::{AppState, ServeConfig};
 
 /// Every route, with the body limit, the API key check and the metrics around them.
@@ -81,19 +82,32 @@ async fn no_route(req: Request) -> ServeError {
     ServeError::NoRoute(format!("{} {}", req.method(), req.uri().path()))
 }
 
-/// With `--api-key`, every route but `GET /health` needs `Authorization: Bearer KEY`.
-async fn require_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &state.config.api_key {
+/// With `--api-key`, every route but `GET /health` needs `Authorization: Bearer KEY`
+/// with one of the keys; the request then carries its [`Caller`] (which key), so
+/// fork sessions can belong to the key that made them.
+async fn require_key(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let keys = &state.config.api_keys;
+    let mut caller = Caller::ANYONE;
+    if !keys.is_empty() {
         let given = req
             .headers()
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        let open = req.uri().path() == "/health";
-        if !open && !given.is_some_and(|g| same_secret(g.as_bytes(), key.as_bytes())) {
-            return ServeError::Unauthorized.into_response();
+        // Every key is compared (in constant time each), so the time taken does not
+        // say which key was close.
+        let matched = given.and_then(|g| {
+            keys.iter().enumerate().fold(None, |found, (i, key)| {
+                found.or(same_secret(g.as_bytes(), key.as_bytes()).then_some(i))
+            })
+        });
+        match matched {
+            Some(i) => caller = Caller::key(i),
+            None if req.uri().path() == "/health" => {}
+            None => return ServeError::Unauthorized.into_response(),
         }
     }
+    req.extensions_mut().insert(caller);
     next.run(req).await
 }
 

@@ -7,13 +7,17 @@
 //! mid-way (its handler is dropped) closes the session and frees its sequence, since
 //! what it holds is then unknown to the client. Idle sessions close after the TTL;
 //! the table holds at most `max_sessions` (429 beyond).
+//!
+//! With several `--api-key`s, a session belongs to the key that created it (its
+//! branches too): to any other key it does not exist (404, so an id cannot even be
+//! confirmed).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Path, State};
-use axum::Json;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -34,8 +38,25 @@ const DEFAULT_STEP_TOKENS: usize = 128;
 /// Most branches one fork makes.
 const MAX_FORK: usize = 256;
 
+/// Who sent a request: which of the server's API keys it carried (`require_key`
+/// puts one on every request). Without keys everyone is the same caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller(Option<usize>);
+
+impl Caller {
+    /// The caller of a server without API keys.
+    pub const ANYONE: Caller = Caller(None);
+
+    /// The caller holding the server's `index`th key.
+    pub fn key(index: usize) -> Caller {
+        Caller(Some(index))
+    }
+}
+
 struct Session {
     seq: SeqId,
+    /// The caller that created it (or the session it was forked from).
+    owner: Caller,
     /// Every token of the session: the prompt, appended and generated tokens.
     tokens: Vec<TokenId>,
     /// The weights of its last generation (or those served when it was created).
@@ -96,6 +117,7 @@ impl SessionTable {
     /// Adds a session over `seq` (the caller frees `seq` if this fails).
     fn insert(
         &self,
+        owner: Caller,
         seq: SeqId,
         tokens: Vec<TokenId>,
         weight_version: WeightVersion,
@@ -109,6 +131,7 @@ impl SessionTable {
             id.clone(),
             Session {
                 seq,
+                owner,
                 tokens,
                 weight_version,
                 last_used: Instant::now(),
@@ -118,12 +141,15 @@ impl SessionTable {
         Ok(id)
     }
 
-    /// Leases session `id` for one operation.
-    fn lease<'a>(&'a self, id: &str, engine: &Engine) -> Result<Lease<'a>, ServeError> {
+    /// Leases session `id`, which `caller` must own, for one operation.
+    fn lease<'a>(
+        &'a self,
+        id: &str,
+        caller: Caller,
+        engine: &Engine,
+    ) -> Result<Lease<'a>, ServeError> {
         let mut sessions = self.lock();
-        let s = sessions
-            .get_mut(id)
-            .ok_or_else(|| ServeError::UnknownSession(id.to_string()))?;
+        let s = owned(sessions.get_mut(id), id, caller)?;
         if s.leased {
             return Err(ServeError::SessionBusy(id.to_string()));
         }
@@ -142,6 +168,13 @@ impl SessionTable {
 
     fn remove(&self, id: &str) -> Option<SeqId> {
         self.lock().remove(id).map(|s| s.seq)
+    }
+
+    /// Removes session `id` if `caller` owns it; its sequence, to be freed.
+    fn remove_owned(&self, id: &str, caller: Caller) -> Result<SeqId, ServeError> {
+        let mut sessions = self.lock();
+        owned(sessions.get_mut(id), id, caller)?;
+        Ok(sessions.remove(id).expect("checked above").seq)
     }
 
     /// Closes sessions idle past the TTL; returns their sequences, to be freed.
@@ -167,6 +200,18 @@ impl SessionTable {
     /// Every session's sequence, emptying the table (server shutdown).
     pub fn drain(&self) -> Vec<SeqId> {
         self.lock().drain().map(|(_, s)| s.seq).collect()
+    }
+}
+
+/// Session `id` if `caller` owns it; to any other caller it is unknown (404).
+fn owned<S: std::ops::Deref<Target = Session>>(
+    session: Option<S>,
+    id: &str,
+    caller: Caller,
+) -> Result<S, ServeError> {
+    match session {
+        Some(s) if s.owner == caller => Ok(s),
+        _ => Err(ServeError::UnknownSession(id.to_string())),
     }
 }
 
@@ -240,6 +285,7 @@ async fn text_or_ids_off_the_workers(
 /// `POST /v1/sessions`.
 pub async fn create(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<CreateRequest>,
 ) -> Result<Json<Value>, ServeError> {
     let tokens = match &req.messages {
@@ -261,7 +307,7 @@ pub async fn create(
     let length = tokens.len();
     let id = state
         .sessions
-        .insert(seq, tokens, weight_version)
+        .insert(caller, seq, tokens, weight_version)
         .inspect_err(|_| state.engine.release(seq))?;
     Ok(Json(json!({
         "session_id": id,
@@ -281,12 +327,13 @@ pub struct GenerateRequest {
 /// `POST /v1/sessions/{id}/generate`: the generated tokens join the session.
 pub async fn generate(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<GenerateRequest>,
 ) -> Result<Json<Value>, ServeError> {
     let mut fields = req.sampling_params;
     fields.max_new_tokens = Some(fields.max_new_tokens.unwrap_or(DEFAULT_STEP_TOKENS));
-    let lease = state.sessions.lease(&id, &state.engine)?;
+    let lease = state.sessions.lease(&id, caller, &state.engine)?;
     let seed = fields.seed_or_fresh(&state);
     let run = async {
         let params = fields.gen_params(&state, lease.tokens.len(), seed, 0)?;
@@ -329,11 +376,12 @@ pub struct AppendRequest {
 /// computed with its next generation or fork.
 pub async fn append(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<AppendRequest>,
 ) -> Result<Json<Value>, ServeError> {
     let tokens = text_or_ids_off_the_workers(&state, req.text, req.input_ids).await?;
-    let lease = state.sessions.lease(&id, &state.engine)?;
+    let lease = state.sessions.lease(&id, caller, &state.engine)?;
     if lease.tokens.len() + tokens.len() >= state.max_positions() {
         let prompt = lease.tokens.len();
         lease.finish(&[], None);
@@ -373,6 +421,7 @@ impl Default for ForkRequest {
 /// prefix (its pending tokens are computed once, first).
 pub async fn fork(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     ApiJson(req): ApiJson<ForkRequest>,
 ) -> Result<Json<Value>, ServeError> {
@@ -383,7 +432,7 @@ pub async fn fork(
         ));
     }
     state.sessions.check_room(req.n)?;
-    let lease = state.sessions.lease(&id, &state.engine)?;
+    let lease = state.sessions.lease(&id, caller, &state.engine)?;
     let mut ids = Vec::with_capacity(req.n);
     let run = async {
         state.engine.prefill(lease.seq).await?;
@@ -391,7 +440,7 @@ pub async fn fork(
             let child = state.engine.fork(lease.seq).await?;
             let id = state
                 .sessions
-                .insert(child, lease.tokens.clone(), lease.weight_version)
+                .insert(caller, child, lease.tokens.clone(), lease.weight_version)
                 .inspect_err(|_| state.engine.release(child))?;
             ids.push(id);
         }
@@ -414,12 +463,11 @@ pub async fn fork(
 /// `GET /v1/sessions/{id}`.
 pub async fn show(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ServeError> {
     let sessions = state.sessions.lock();
-    let s = sessions
-        .get(&id)
-        .ok_or_else(|| ServeError::UnknownSession(id.clone()))?;
+    let s = owned(sessions.get(&id), &id, caller)?;
     Ok(Json(json!({
         "session_id": id,
         "length": s.tokens.len(),
@@ -433,12 +481,10 @@ pub async fn show(
 /// with an error for its caller).
 pub async fn delete(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ServeError> {
-    let seq = state
-        .sessions
-        .remove(&id)
-        .ok_or_else(|| ServeError::UnknownSession(id.clone()))?;
+    let seq = state.sessions.remove_owned(&id, caller)?;
     state.engine.free(seq).await?;
     Ok(Json(json!({ "session_id": id, "deleted": true })))
 }

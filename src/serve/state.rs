@@ -22,8 +22,10 @@ pub struct ServeConfig {
     /// The id `/v1/models` lists and responses name (requests may name any model:
     /// the server serves one).
     pub model_name: String,
-    /// Requests must carry `Authorization: Bearer KEY` (all but `GET /health`).
-    pub api_key: Option<String>,
+    /// With any key listed, requests must carry `Authorization: Bearer KEY` with
+    /// one of them (all but `GET /health`), and a fork session belongs to the key
+    /// that created it: another key neither sees nor touches it.
+    pub api_keys: Vec<String>,
     /// Most live fork sessions.
     pub max_sessions: usize,
     /// A session idle this long is closed and its KV freed.
@@ -68,7 +70,7 @@ impl ServeConfig {
     pub fn new(model_name: impl Into<String>) -> Self {
         ServeConfig {
             model_name: model_name.into(),
-            api_key: None,
+            api_keys: Vec::new(),
             max_sessions: 1024,
             session_ttl: Duration::from_secs(600),
             max_running: 256,
