@@ -69,6 +69,7 @@ pub mod advantage;
 pub mod bench;
 pub mod closed_loop;
 pub mod compare;
+mod durable;
 pub mod engine;
 pub mod env;
 mod error_chain;

@@ -11,6 +11,7 @@ use super::error::LoopError;
 use super::eval::Evaluation;
 use super::step_rollout::StepRollouts;
 use crate::advantage::AdvantageSignal;
+use crate::durable;
 use crate::rollout::BranchingStats;
 use crate::train::UpdateMetrics;
 
@@ -260,14 +261,14 @@ impl LogFile {
                 std::io::ErrorKind::AlreadyExists => LoopError::RunExists(dir.to_path_buf()),
                 _ => LoopError::Io(path.clone(), e),
             })?;
-        sync_dir(dir)?;
+        durable::sync_parent(&path).map_err(|e| LoopError::Io(dir.to_path_buf(), e))?;
         Ok(LogFile { path, file })
     }
 
     /// `DIR/log.jsonl` cut back to the lines of steps `0..=last_step` (what a resume
     /// from the checkpoint of `last_step` keeps), which are returned with whether a
-    /// torn last line was dropped. The kept lines go to `log.jsonl.partial`, synced,
-    /// which is then renamed over the log: a crash at any point leaves the old log or
+    /// torn last line was dropped. The kept lines replace the log through a synced
+    /// `log.jsonl.partial` and a rename (`durable::replace_file`): a crash at any point leaves the old log or
     /// the new one whole, so the next resume has the history either way.
     pub fn resume(dir: &Path, last_step: u64) -> Result<(Self, ReadBack), LoopError> {
         let path = dir.join("log.jsonl");
@@ -283,26 +284,14 @@ impl LogFile {
                 message: format!("the log has no line for the checkpoint's step {last_step}"),
             });
         }
-        let partial = dir.join("log.jsonl.partial");
-        let io = |p: &Path| {
-            let p = p.to_path_buf();
-            move |e| LoopError::Io(p, e)
-        };
+        let io = |e| LoopError::Io(path.clone(), e);
         let mut text = String::new();
         for line in &kept {
             text.push_str(&serde_json::to_string(line).expect("a step line serialises"));
             text.push('\n');
         }
-        let mut file = File::create(&partial).map_err(io(&partial))?;
-        file.write_all(text.as_bytes()).map_err(io(&partial))?;
-        file.sync_all().map_err(io(&partial))?;
-        drop(file);
-        std::fs::rename(&partial, &path).map_err(io(&path))?;
-        sync_dir(dir)?;
-        let file = File::options()
-            .append(true)
-            .open(&path)
-            .map_err(io(&path))?;
+        durable::replace_file(&path, text.as_bytes()).map_err(io)?;
+        let file = File::options().append(true).open(&path).map_err(io)?;
         let read = ReadBack {
             lines: kept,
             torn_line: read.torn_line,
@@ -319,18 +308,6 @@ impl LogFile {
         self.file.write_all(text.as_bytes()).map_err(io)?;
         self.file.sync_data().map_err(io)
     }
-}
-
-/// Flushes a folder's entries (a file created or renamed in it) to disk.
-fn sync_dir(dir: &Path) -> Result<(), LoopError> {
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| LoopError::Io(dir.to_path_buf(), e))
 }
 
 /// Every line of a `log.jsonl`; a bad line is an error naming file and line.

@@ -7,6 +7,8 @@
 //!   served, its record), one implementation for `treegrpo sft` and `train`.
 //! - [`config`]: [`LoopConfig`], how a run runs.
 //! - [`start`]: how a run begins, fresh or resumed from its folder's record.
+//! - [`folder`]: a run folder's layout and the rules for starting in one (resume,
+//!   refuse, overwrite).
 //! - [`record`]: the run records, `run.json` and the warm-start's, as typed structs.
 //! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
 //!   evaluation, checkpoints with the loop's state, resume, stop signal.
@@ -19,6 +21,7 @@
 pub mod config;
 pub mod error;
 pub mod eval;
+pub mod folder;
 pub mod log;
 pub mod record;
 pub mod run;
@@ -31,15 +34,13 @@ pub mod warm;
 pub use config::LoopConfig;
 pub use error::LoopError;
 pub use eval::{evaluate, Evaluation, QuestionReward};
+pub use folder::{checkpoint_dir, prepare_fresh_folder, reference_dir, resumable};
 pub use log::{read_log, read_log_for_resume, LogFile, ReadBack, StepLog, StepTokens};
 pub use record::{
     RunRecord, RunSource, WarmStartRecord, RUN_RECORD_FILE, SFT_LOG_FILE, SFT_SUMMARY_FILE,
     WARM_START_FILE,
 };
-pub use run::{
-    checkpoint_dir, prepare_fresh_folder, resumable, EventFn, LoopEvent, LoopOutcome, LoopState,
-    StopSignal, TrainRun,
-};
+pub use run::{EventFn, LoopEvent, LoopOutcome, LoopState, StopSignal, TrainRun};
 pub use samples::BoostedTokens;
 pub use sft::{run_sft, sft_sample, warm_start, SftConfig, SftStepLog, WarmStart};
 pub use start::RunStart;

@@ -18,7 +18,7 @@
 //! renames, so a power cut cannot swap in a checkpoint whose data never reached it.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use super::error::TrainError;
 use super::optim::{Optimizer, OptimizerConfig};
 use super::params::Params;
+use crate::durable;
 use crate::model::{Architecture, ChatTemplate, ModelConfig, RopeStyle, Tokenizer};
 
 /// What a checkpoint carries besides the weights.
@@ -55,12 +56,6 @@ struct TrainerState {
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     move |e| TrainError::Io(path.to_path_buf(), e)
-}
-
-fn sibling(dir: &Path, suffix: &str) -> PathBuf {
-    let mut name = dir.file_name().unwrap_or_default().to_os_string();
-    name.push(suffix);
-    dir.with_file_name(name)
 }
 
 /// HF's `config.json` for `c`.
@@ -278,7 +273,7 @@ fn write_files(
             }
             _ => unreachable!("every file is written above"),
         }
-        sync_file(&path)?;
+        durable::sync(&path).map_err(io(&path))?;
     }
     Ok(())
 }
@@ -302,11 +297,11 @@ pub fn save_checkpoint_stopping_after(
     extras: CheckpointExtras<'_>,
     stop_after: Option<usize>,
 ) -> Result<(), TrainError> {
-    let partial = sibling(dir, ".partial");
-    let previous = sibling(dir, ".previous");
+    let partial = durable::partial(dir);
+    let previous = durable::previous(dir);
     recover_interrupted_save(dir)?;
     write_files(&partial, params, extras, stop_after)?;
-    sync_dir(&partial)?;
+    durable::sync(&partial).map_err(io(&partial))?;
     if dir.exists() {
         if previous.exists() {
             std::fs::remove_dir_all(&previous).map_err(io(&previous))?;
@@ -314,9 +309,7 @@ pub fn save_checkpoint_stopping_after(
         std::fs::rename(dir, &previous).map_err(io(dir))?;
     }
     std::fs::rename(&partial, dir).map_err(io(dir))?;
-    if let Some(parent) = parent_of(dir) {
-        sync_dir(parent)?;
-    }
+    durable::sync_parent(dir).map_err(io(dir))?;
     if previous.exists() {
         std::fs::remove_dir_all(&previous).map_err(io(&previous))?;
     }
@@ -328,37 +321,17 @@ pub fn save_checkpoint_stopping_after(
 /// without a `<dir>` (the crash fell between the two renames) becomes `<dir>` again.
 /// Returns whether it put a checkpoint back.
 pub fn recover_interrupted_save(dir: &Path) -> Result<bool, TrainError> {
-    let partial = sibling(dir, ".partial");
-    let previous = sibling(dir, ".previous");
+    let partial = durable::partial(dir);
+    let previous = durable::previous(dir);
     if partial.exists() {
         std::fs::remove_dir_all(&partial).map_err(io(&partial))?;
     }
     if previous.exists() && !dir.exists() {
         std::fs::rename(&previous, dir).map_err(io(dir))?;
-        if let Some(parent) = parent_of(dir) {
-            sync_dir(parent)?;
-        }
+        durable::sync_parent(dir).map_err(io(dir))?;
         return Ok(true);
     }
     Ok(false)
-}
-
-/// The folder holding `path` (`None` for a bare relative name: the current one,
-/// which needs no sync of its own here).
-fn parent_of(path: &Path) -> Option<&Path> {
-    path.parent().filter(|p| !p.as_os_str().is_empty())
-}
-
-/// Flushes a written file's data and metadata to disk.
-fn sync_file(path: &Path) -> Result<(), TrainError> {
-    std::fs::File::open(path)
-        .and_then(|f| f.sync_all())
-        .map_err(io(path))
-}
-
-/// Flushes a folder's entries (the names of files created or renamed in it) to disk.
-fn sync_dir(dir: &Path) -> Result<(), TrainError> {
-    sync_file(dir)
 }
 
 /// The optimiser state saved beside a checkpoint of `params`, if there is one.
