@@ -19,7 +19,7 @@ use treegrpo::closed_loop::samples::{train_sample, BoostedTokens};
 use treegrpo::model::LoadedModel;
 use treegrpo::rollout::Trajectory;
 use treegrpo::train::pack::pack;
-use treegrpo::train::{loss_and_gradients, LossConfig, Params, UpdateConfig};
+use treegrpo::train::{LossConfig, Params, Update, UpdateConfig};
 
 fn params() -> Params {
     let tmp = tempfile::tempdir().unwrap();
@@ -93,7 +93,7 @@ struct Weighed {
 
 fn weigh(p: &Params, t: &Trajectory, advantage: f64) -> Weighed {
     let s = train_sample(t, advantage, Some(BoostedTokens::Corrected));
-    let out = loss_and_gradients(p, &[s], &config(), true).unwrap();
+    let out = Update::new(p, &[s], &config()).gradients().unwrap();
     let n = out.loss.tokens as f64;
     assert_eq!(out.loss.tokens, 8, "8 model tokens are loss tokens");
     let grads = out
@@ -167,7 +167,7 @@ fn masked_boosted_tokens_contribute_no_gradient() {
     let grads = |gaps: [f64; 3], boosted: BoostedTokens| {
         let t = branch_trajectory(&p, gaps);
         let s = train_sample(&t, advantage, Some(boosted));
-        let out = loss_and_gradients(&p, &[s], &config(), true).unwrap();
+        let out = Update::new(&p, &[s], &config()).gradients().unwrap();
         let flat: Vec<f32> = out
             .grads
             .unwrap()

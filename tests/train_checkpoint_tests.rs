@@ -11,8 +11,8 @@ use treegrpo::model::{ChatMessage, LoadedModel};
 use treegrpo::train::checkpoint::save_checkpoint_stopping_after;
 use treegrpo::train::pack::pack;
 use treegrpo::train::{
-    load_optimizer, loss_and_gradients, save_checkpoint, CheckpointExtras, Optimizer,
-    OptimizerConfig, Params, TrainSample, UpdateConfig,
+    load_optimizer, save_checkpoint, CheckpointExtras, Optimizer, OptimizerConfig, Params,
+    TrainSample, Update, UpdateConfig,
 };
 
 fn extras<'a>(m: &'a LoadedModel, opt: Option<&'a Optimizer>) -> CheckpointExtras<'a> {
@@ -125,7 +125,8 @@ fn adamw_state_is_saved_and_restored() {
     };
     let cfg = UpdateConfig::default();
     let mut opt = Optimizer::new(OptimizerConfig::default());
-    let g = loss_and_gradients(&p, &[sample], &cfg, true)
+    let g = Update::new(&p, &[sample], &cfg)
+        .gradients()
         .unwrap()
         .grads
         .unwrap();

@@ -15,7 +15,7 @@ use candle_core::{DType, Device};
 use common::tiny::{Flavour, TinyModel};
 use treegrpo::model::LoadedModel;
 use treegrpo::train::input::read_trajectories;
-use treegrpo::train::{loss_and_gradients, LossConfig, Params, UpdateConfig};
+use treegrpo::train::{LossConfig, Params, Update, UpdateConfig};
 
 fn treegrpo() -> Command {
     Command::new(env!("CARGO_BIN_EXE_treegrpo"))
@@ -191,7 +191,8 @@ fn sgd_update_writes_exactly_w_minus_lr_times_g_and_the_checkpoint_generates() {
         micro_batch_tokens: 12,
         temperature: data.temperature,
     };
-    let g = loss_and_gradients(&p, &data.samples, &cfg, true)
+    let g = Update::new(&p, &data.samples, &cfg)
+        .gradients()
         .unwrap()
         .grads
         .unwrap();

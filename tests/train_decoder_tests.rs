@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Tensor, Var, D};
 use common::rng::Rng;
 use common::tiny::{logits_all, Flavour, TinyModel};
 use treegrpo::model::LoadedModel;
-use treegrpo::train::attention::tree_attention;
+use treegrpo::train::oracle::attention::tree_attention;
 use treegrpo::train::pack::pack;
 use treegrpo::train::{Params, TreeLayout};
 
@@ -216,7 +216,7 @@ fn the_decoder_gives_the_engines_logprobs_on_chains_and_packed_trees() {
 
 #[test]
 fn fused_target_scoring_and_its_backward_equal_the_composed_log_softmax() {
-    use treegrpo::train::scoring::target_logprob_and_entropy;
+    use treegrpo::train::oracle::scoring::target_logprob_and_entropy;
     let mut rng = Rng::new(4);
     let (m, vocab, t) = (7, 37, 0.7);
     let logits = random_var(&mut rng, &[m, vocab]);

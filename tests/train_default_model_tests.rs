@@ -11,7 +11,7 @@ mod common;
 use candle_core::DType;
 use treegrpo::model::{ChatMessage, LoadedModel};
 use treegrpo::train::pack::pack;
-use treegrpo::train::{loss_and_gradients, LossConfig, Params, TrainSample, UpdateConfig};
+use treegrpo::train::{LossConfig, Params, TrainSample, Update, UpdateConfig};
 
 fn load() -> (LoadedModel, Params) {
     let m = LoadedModel::load(&common::default_model()).unwrap();
@@ -84,7 +84,7 @@ fn every_weight_of_the_default_model_gets_a_finite_nonzero_gradient_and_logprobs
         },
         ..UpdateConfig::default()
     };
-    let eval = loss_and_gradients(&p, &[sample], &cfg, true).unwrap();
+    let eval = Update::new(&p, &[sample], &cfg).gradients().unwrap();
     let grads = eval.grads.unwrap();
     let named = p.named();
     assert_eq!(

@@ -20,8 +20,8 @@ use common::rng::Rng;
 use common::tiny::{Flavour, TinyModel};
 use treegrpo::model::LoadedModel;
 use treegrpo::train::{
-    loss_and_gradients, update, LossAgg, LossConfig, Optimizer, OptimizerConfig, OptimizerKind,
-    Params, TrainSample, UpdateConfig,
+    LossAgg, LossConfig, Optimizer, OptimizerConfig, OptimizerKind, Params, TrainSample, Update,
+    UpdateConfig,
 };
 
 fn params(tiny: &TinyModel, dtype: DType) -> Params {
@@ -167,7 +167,9 @@ fn finite_difference_check(
 ) -> (usize, Option<Violation>) {
     let h = 1e-5;
     let loss = |p: &Params| {
-        loss_and_gradients(p, samples, cfg, false)
+        Update::new(p, samples, cfg)
+            .by_autodiff()
+            .loss()
             .unwrap()
             .loss
             .loss
@@ -222,7 +224,10 @@ fn every_weights_gradient_matches_finite_differences() {
         let mut samples = tree_samples(&mut rng, tiny.vocab.tokens.len(), 2, 3);
         off_policy(&mut rng, &p, &mut samples);
         let cfg = full_loss_config(agg);
-        let eval = loss_and_gradients(&p, &samples, &cfg, true).unwrap();
+        let eval = Update::new(&p, &samples, &cfg)
+            .by_autodiff()
+            .gradients()
+            .unwrap();
         assert!(eval.micro_batches > 1, "the check spans micro-batches");
         let out = &eval.loss;
         // Every regime of the loss is exercised.
@@ -259,7 +264,9 @@ fn the_check_fails_when_an_observation_mask_is_dropped() {
         }
     }
     assert!(dropped > 0);
-    let grads = loss_and_gradients(&p, &buggy, &cfg, true)
+    let grads = Update::new(&p, &buggy, &cfg)
+        .by_autodiff()
+        .gradients()
         .unwrap()
         .grads
         .unwrap();
@@ -301,9 +308,9 @@ fn packed_trees_give_the_unpacked_loss_and_gradients() {
             ][round],
         );
         cfg.micro_batch_tokens = 1 << 20;
-        let packed = loss_and_gradients(&p, &samples, &cfg, true).unwrap();
+        let packed = Update::new(&p, &samples, &cfg).gradients().unwrap();
         cfg.packed = false;
-        let unpacked = loss_and_gradients(&p, &samples, &cfg, true).unwrap();
+        let unpacked = Update::new(&p, &samples, &cfg).gradients().unwrap();
         let (a, b) = (&packed.loss, &unpacked.loss);
         assert!(
             (a.loss - b.loss).abs() <= 1e-5 * b.loss.abs().max(1e-3),
@@ -347,7 +354,8 @@ fn sgd_moves_every_weight_by_exactly_minus_lr_times_its_gradient() {
         max_grad_norm: 0.0,
         ..full_loss_config(LossAgg::TokenMean)
     };
-    let grads = loss_and_gradients(&p, &samples, &cfg, true)
+    let grads = Update::new(&p, &samples, &cfg)
+        .gradients()
         .unwrap()
         .grads
         .unwrap();
@@ -358,7 +366,7 @@ fn sgd_moves_every_weight_by_exactly_minus_lr_times_its_gradient() {
         lr,
         ..OptimizerConfig::default()
     });
-    let m = update(&p, &mut opt, &samples, &cfg).unwrap();
+    let m = Update::new(&p, &samples, &cfg).step(&mut opt).unwrap();
     assert!(m.grad_norm > 0.0 && m.tokens > 0);
     for (((name, v), g), b) in p.named().iter().zip(&grads).zip(&before) {
         let (after, g) = (flat(v.as_tensor()), flat(g));
@@ -376,7 +384,9 @@ fn clipping_scales_the_step_and_a_nan_gradient_changes_nothing() {
     let mut rng = Rng::new(3);
     let samples = tree_samples(&mut rng, tiny.vocab.tokens.len(), 2, 3);
     let cfg = full_loss_config(LossAgg::TokenMean);
-    let grads = loss_and_gradients(&p, &samples, &cfg, true)
+    let grads = Update::new(&p, &samples, &cfg)
+        .by_autodiff()
+        .gradients()
         .unwrap()
         .grads
         .unwrap();
@@ -397,7 +407,10 @@ fn clipping_scales_the_step_and_a_nan_gradient_changes_nothing() {
         max_grad_norm: norm / 2.0,
         ..cfg
     };
-    let m = update(&p, &mut Optimizer::new(sgd), &samples, &clipped).unwrap();
+    let m = Update::new(&p, &samples, &clipped)
+        .by_autodiff()
+        .step(&mut Optimizer::new(sgd))
+        .unwrap();
     assert!((m.grad_norm - norm).abs() <= 1e-12 * norm);
     let coef = (norm / 2.0) / (norm + 1e-6);
     for (((name, v), g), b) in p.named().iter().zip(&grads).zip(&before) {
@@ -416,7 +429,10 @@ fn clipping_scales_the_step_and_a_nan_gradient_changes_nothing() {
     var.set(&Tensor::from_vec(w, var.as_tensor().shape(), &candle_core::Device::Cpu).unwrap())
         .unwrap();
     let snapshot: Vec<Vec<f64>> = p.named().iter().map(|(_, v)| flat(v.as_tensor())).collect();
-    let err = update(&p, &mut Optimizer::new(sgd), &samples, &cfg).unwrap_err();
+    let err = Update::new(&p, &samples, &cfg)
+        .by_autodiff()
+        .step(&mut Optimizer::new(sgd))
+        .unwrap_err();
     assert!(
         matches!(err, treegrpo::train::TrainError::NonFiniteGradient { .. }),
         "{err:?} ({name})"

@@ -34,8 +34,8 @@ use crate::model::{LoadedModel, Model};
 use crate::rollout::export::TrajectoryRecord;
 use crate::rollout::{Progress, RunHooks};
 use crate::train::{
-    fill_reference_logprobs, restore_weights, save_checkpoint, update_serving, CheckpointExtras,
-    KlReference, Optimizer, Params, TrainSample, UpdateProgress,
+    fill_reference_logprobs, restore_weights, save_checkpoint, CheckpointExtras, KlReference,
+    Optimizer, Params, TrainSample, Update, UpdateProgress,
 };
 
 /// What `loop_state.json` in a checkpoint records.
@@ -540,14 +540,10 @@ impl TrainRun {
                 // The update is CPU work on this thread; the runtime's other workers
                 // keep serving (nothing else runs during it).
                 tokio::task::block_in_place(|| {
-                    update_serving(
-                        params,
-                        served.as_ref(),
-                        optimizer,
-                        &samples,
-                        &update_cfg,
-                        &mut on_progress,
-                    )
+                    Update::new(params, &samples, &update_cfg)
+                        .serving(served.as_ref())
+                        .reporting(&mut on_progress)
+                        .step(optimizer)
                 })?
             };
             drop(served);

@@ -17,7 +17,7 @@ use crate::env::{Environment, QaSample};
 use crate::model::LoadedModel;
 use crate::rollout::{demonstrations, Trajectory};
 use crate::train::{
-    update_with_progress, LossConfig, Optimizer, OptimizerConfig, Params, TrainSample, UpdateConfig,
+    LossConfig, Optimizer, OptimizerConfig, Params, TrainSample, Update, UpdateConfig,
 };
 
 /// How the warm-start runs.
@@ -122,7 +122,7 @@ pub fn run_sft(
         let order = shuffled(samples.len(), &mut rng);
         for batch in order.chunks(cfg.batch_size) {
             let picked: Vec<TrainSample> = batch.iter().map(|&i| samples[i].clone()).collect();
-            let m = update_with_progress(params, optimizer, &picked, &update_cfg, &mut |_| {})?;
+            let m = Update::new(params, &picked, &update_cfg).step(optimizer)?;
             let line = SftStepLog {
                 epoch,
                 step: optimizer.step,

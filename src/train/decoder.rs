@@ -1,225 +1,58 @@
-//! The differentiable decoder: the same network as [`Model::forward`](crate::model::Model)
-//! built only from candle ops that have a backward, plus our tree attention.
+//! What an update asks of a decoder: the log-probability and entropy of each scored
+//! target of a packed batch, and the gradient, for every weight, of a weighted sum of
+//! those outputs (the loss's gradient with respect to them comes from `loss.rs`).
 //!
-//! candle's fused `rms_norm`, `softmax_last_dim` and `rope*` kernels and `QMatMul`
-//! apply without a backward and would stop gradients silently, so each is composed
-//! here: RMSNorm from `sqr`/`mean`/`sqrt`/`recip`, RoPE from `narrow`/`mul`/`cat`
-//! with precomputed tables; attention ([`tree_attention`]) and the target's
-//! log-probability and entropy ([`target_logprob_and_entropy`]) are ops with
-//! backwards of their own that keep no `[rows, rows]` or `[rows, vocab]` intermediates. A test checks
-//! that every weight gets a gradient.
-//!
-//! Input is a packed batch ([`PackedBatch`]): token rows in a [`TreeLayout`] (a row
-//! attends to its ancestors and itself, its position is its depth) and the rows to
-//! score — the hidden state of row `r` predicts the token `target` after it. Output
-//! is the log-probability of each target under `logits / temperature` and, on
-//! request, each scored row's entropy, both as graph tensors.
+//! The product has one decoder, [`NativeDecoder`](super::native::NativeDecoder): the
+//! engine's own forward and hand-written backward kernels, in f32. The tests hold it
+//! to a second one, the candle-autodiff decoder in f32 and f64 (`oracle/`, compiled
+//! only with the `autodiff-oracle` feature that the test build turns on); both go
+//! through the same update loop, so the oracle checks the loop as well.
 
-use std::sync::Arc;
+use candle_core::Tensor;
 
-use candle_core::{DType, Device, Tensor, D};
-
-use super::attention::tree_attention;
 use super::error::TrainError;
-use super::layout::TreeLayout;
-use super::params::Params;
-use super::scoring::target_logprob_and_entropy;
-use crate::model::{RopeStyle, TokenId};
+use super::pack::PackedBatch;
 
-/// Token rows laid out as a forest, and what to score.
-#[derive(Debug, Clone)]
-pub struct PackedBatch {
-    /// One token per row of `layout` (`tokens.len() == layout.len()`).
-    pub tokens: Vec<TokenId>,
-    /// Which rows each row attends to, and each row's RoPE position (its depth).
-    pub layout: Arc<TreeLayout>,
-    /// Rows whose output is scored…
-    pub score_rows: Vec<u32>,
-    /// …against these next tokens (same length as `score_rows`).
-    pub targets: Vec<TokenId>,
+/// One forward's outputs, and what its backward needs.
+pub struct Scores<S> {
+    /// `log p` of each target under `logits / temperature`, in `score_rows` order.
+    pub logp: Vec<f64>,
+    /// Each scored row's entropy (nats) under the same temperature.
+    pub entropy: Vec<f64>,
+    /// What the decoder kept for [`Decoder::backward`].
+    pub saved: S,
 }
 
-/// Graph tensors of a forward: `logp[m]` and, if asked, `entropy[m]`.
-#[derive(Debug)]
-pub struct Scored {
-    /// `[m]`: the log-probability of each target under `logits / temperature`, in the
-    /// order of `score_rows` (nats, ≤ 0).
-    pub logp: Tensor,
-    /// `[m]`: the entropy (nats) of each scored row's distribution under the same
-    /// temperature; `None` unless the forward was asked for it.
-    pub entropy: Option<Tensor>,
-}
+/// A differentiable decoder over a set of weights.
+pub trait Decoder {
+    /// What a forward keeps for its backward.
+    type Saved;
+    /// Where gradients accumulate across micro-batches.
+    type Grads;
 
-fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let inv = (x.sqr()?.mean_keepdim(D::Minus1)? + eps)?.sqrt()?.recip()?;
-    x.broadcast_mul(&inv)?.broadcast_mul(w)
-}
-
-fn linear(x: &Tensor, w: &Tensor) -> candle_core::Result<Tensor> {
-    x.matmul(&w.t()?)
-}
-
-/// RoPE tables for `positions`: `(cos, sin)`, each `[rows, head_dim / 2]`, computed in
-/// f32 exactly as the engine's kernel computes its angles.
-fn rope_tables(
-    positions: &[u32],
-    config: &crate::model::ModelConfig,
-    dtype: DType,
-) -> candle_core::Result<(Tensor, Tensor)> {
-    let half = config.head_dim / 2;
-    // The engine's own frequencies (theta and scaling), so the oracle rotates alike.
-    let inv = crate::model::rope::inverse_frequencies(
-        config.head_dim,
-        config.rope_theta,
-        &config.rope_scaling,
-    );
-    let mut cos = Vec::with_capacity(positions.len() * half);
-    let mut sin = Vec::with_capacity(positions.len() * half);
-    for &p in positions {
-        for f in &inv {
-            let (s, c) = (p as f32 * f).sin_cos();
-            cos.push(c);
-            sin.push(s);
-        }
-    }
-    let shape = (positions.len(), half);
-    Ok((
-        Tensor::from_vec(cos, shape, &Device::Cpu)?.to_dtype(dtype)?,
-        Tensor::from_vec(sin, shape, &Device::Cpu)?.to_dtype(dtype)?,
-    ))
-}
-
-/// Rotates `x [rows, heads, head_dim]` by the tables (`[rows, head_dim/2]`).
-fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor, style: RopeStyle) -> candle_core::Result<Tensor> {
-    let (rows, heads, d) = x.dims3()?;
-    let half = d / 2;
-    match style {
-        RopeStyle::HalfSplit => {
-            let (c, s) = (cos.unsqueeze(1)?, sin.unsqueeze(1)?);
-            let a = x.narrow(2, 0, half)?;
-            let b = x.narrow(2, half, half)?;
-            let ra = (a.broadcast_mul(&c)? - b.broadcast_mul(&s)?)?;
-            let rb = (a.broadcast_mul(&s)? + b.broadcast_mul(&c)?)?;
-            Tensor::cat(&[ra, rb], 2)
-        }
-        RopeStyle::Interleaved => {
-            let pairs = x.reshape((rows, heads, half, 2))?;
-            let (c, s) = (
-                cos.unsqueeze(1)?.unsqueeze(3)?,
-                sin.unsqueeze(1)?.unsqueeze(3)?,
-            );
-            let a = pairs.narrow(3, 0, 1)?;
-            let b = pairs.narrow(3, 1, 1)?;
-            let ra = (a.broadcast_mul(&c)? - b.broadcast_mul(&s)?)?;
-            let rb = (a.broadcast_mul(&s)? + b.broadcast_mul(&c)?)?;
-            Tensor::cat(&[ra, rb], 3)?.reshape((rows, heads, d))
-        }
-    }
-}
-
-/// Refuses a batch the decoder cannot compute: mismatched lengths, a token outside
-/// the vocabulary, a path past the context, a non-positive temperature. Both
-/// decoders (this one and `native`) check with it.
-pub(crate) fn check_batch(
-    c: &crate::model::ModelConfig,
-    batch: &PackedBatch,
-    temperature: f64,
-) -> Result<(), TrainError> {
-    let rows = batch.tokens.len();
-    if rows != batch.layout.len() || batch.score_rows.len() != batch.targets.len() {
-        return Err(TrainError::BadBatch(format!(
-            "{rows} tokens, a layout of {} rows, {} scored rows and {} targets",
-            batch.layout.len(),
-            batch.score_rows.len(),
-            batch.targets.len()
-        )));
-    }
-    if let Some(&t) = batch
-        .tokens
-        .iter()
-        .chain(&batch.targets)
-        .find(|&&t| t as usize >= c.vocab_size)
-    {
-        return Err(TrainError::BadBatch(format!(
-            "token id {t} is outside the vocabulary of {}",
-            c.vocab_size
-        )));
-    }
-    if let Some(&p) = batch.layout.positions().iter().max() {
-        if p as usize >= c.max_position_embeddings {
-            return Err(TrainError::BadBatch(format!(
-                "a path of {} tokens exceeds the context of {}",
-                p + 1,
-                c.max_position_embeddings
-            )));
-        }
-    }
-    if !(temperature.is_finite() && temperature > 0.0) {
-        return Err(TrainError::BadBatch(format!(
-            "temperature {temperature} must be positive"
-        )));
-    }
-    Ok(())
-}
-
-impl Params {
-    /// The forward over `batch`: log-probabilities of its targets under
-    /// `logits / temperature`, and each scored row's entropy if `want_entropy`.
-    pub fn score(
+    /// The forward over `batch`; with `for_backward`, also what the backward reads.
+    fn forward(
         &self,
         batch: &PackedBatch,
         temperature: f64,
-        want_entropy: bool,
-    ) -> Result<Scored, TrainError> {
-        let c = &self.config;
-        check_batch(c, batch, temperature)?;
-        let rows = batch.tokens.len();
-        let dtype = self.dtype();
-        let dev = Device::Cpu;
-        let ids = Tensor::from_slice(&batch.tokens, rows, &dev)?;
-        let (cos, sin) = rope_tables(batch.layout.positions(), c, dtype)?;
-        let mut x = self.embedding.as_tensor().index_select(&ids, 0)?;
-        for l in &self.layers {
-            let h = rms_norm(&x, &l.attn_norm, c.rms_norm_eps)?;
-            let mut q = linear(&h, &l.q)?;
-            let mut k = linear(&h, &l.k)?;
-            let mut v = linear(&h, &l.v)?;
-            if let Some([bq, bk, bv]) = &l.qkv_bias {
-                q = q.broadcast_add(bq)?;
-                k = k.broadcast_add(bk)?;
-                v = v.broadcast_add(bv)?;
-            }
-            let q = rope(
-                &q.reshape((rows, c.num_heads, c.head_dim))?,
-                &cos,
-                &sin,
-                c.rope_style,
-            )?;
-            let k = rope(
-                &k.reshape((rows, c.num_kv_heads, c.head_dim))?,
-                &cos,
-                &sin,
-                c.rope_style,
-            )?;
-            let v = v.reshape((rows, c.num_kv_heads, c.head_dim))?;
-            let attn = tree_attention(&q, &k, &v, &batch.layout)?.reshape((rows, c.q_dim()))?;
-            x = (x + linear(&attn, &l.o)?)?;
-            let h = rms_norm(&x, &l.ffn_norm, c.rms_norm_eps)?;
-            let g = linear(&h, &l.gate)?.silu()?;
-            let u = linear(&h, &l.up)?;
-            x = (x + linear(&(g * u)?, &l.down)?)?;
-        }
-        // Only the scored rows pay for the vocabulary projection.
-        let at = Tensor::from_slice(&batch.score_rows, batch.score_rows.len(), &dev)?;
-        let hs = rms_norm(&x.index_select(&at, 0)?, &self.final_norm, c.rms_norm_eps)?;
-        let logits = linear(&hs, self.head())?;
-        let scored = target_logprob_and_entropy(&logits, &batch.targets, temperature)?;
-        let logp = scored.narrow(1, 0, 1)?.squeeze(1)?;
-        let entropy = if want_entropy {
-            Some(scored.narrow(1, 1, 1)?.squeeze(1)?)
-        } else {
-            None
-        };
-        Ok(Scored { logp, entropy })
-    }
+        for_backward: bool,
+    ) -> Result<Scores<Self::Saved>, TrainError>;
+
+    /// Gradients of zero for every weight.
+    fn zero_grads(&self) -> Result<Self::Grads, TrainError>;
+
+    /// Adds to `grads` the gradient of `Σ g_logp·logp + Σ g_entropy·H` over the
+    /// forward's targets.
+    fn backward(
+        &self,
+        batch: &PackedBatch,
+        saved: Self::Saved,
+        g_logp: &[f64],
+        g_entropy: &[f64],
+        grads: &mut Self::Grads,
+    ) -> Result<(), TrainError>;
+
+    /// The accumulated gradients, one tensor per weight in
+    /// [`Params::named`](super::params::Params::named) order.
+    fn into_tensors(&self, grads: Self::Grads) -> Result<Vec<Tensor>, TrainError>;
 }

@@ -14,7 +14,7 @@ use super::error::TrainError;
 use super::input::TrainingData;
 use super::optim::{Optimizer, OptimizerConfig};
 use super::params::Params;
-use super::update::{update_with_progress, UpdateConfig, UpdateMetrics, UpdateProgress};
+use super::update::{Update, UpdateConfig, UpdateMetrics, UpdateProgress};
 
 /// What [`update_checkpoint`] did.
 #[derive(Debug, Clone)]
@@ -64,7 +64,9 @@ pub fn update_checkpoint(
         temperature: data.temperature,
         ..update
     };
-    let metrics = update_with_progress(&params, &mut opt, &data.samples, &cfg, progress)?;
+    let metrics = Update::new(&params, &data.samples, &cfg)
+        .reporting(progress)
+        .step(&mut opt)?;
     save_checkpoint(
         out,
         &params,

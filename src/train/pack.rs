@@ -16,9 +16,68 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::decoder::PackedBatch;
+use super::error::TrainError;
 use super::layout::TreeLayout;
-use crate::model::TokenId;
+use super::update::{TrainSample, UpdateConfig};
+use crate::model::{ModelConfig, TokenId};
+
+/// Token rows laid out as a forest, and what to score.
+#[derive(Debug, Clone)]
+pub struct PackedBatch {
+    /// One token per row of `layout` (`tokens.len() == layout.len()`).
+    pub tokens: Vec<TokenId>,
+    /// Which rows each row attends to, and each row's RoPE position (its depth).
+    pub layout: Arc<TreeLayout>,
+    /// Rows whose output is scored…
+    pub score_rows: Vec<u32>,
+    /// …against these next tokens (same length as `score_rows`).
+    pub targets: Vec<TokenId>,
+}
+
+/// Refuses a batch the decoder cannot compute: mismatched lengths, a token outside
+/// the vocabulary, a path past the context, a non-positive temperature. Every
+/// [`Decoder`](super::decoder::Decoder) checks with it.
+pub(crate) fn check_batch(
+    c: &ModelConfig,
+    batch: &PackedBatch,
+    temperature: f64,
+) -> Result<(), TrainError> {
+    let rows = batch.tokens.len();
+    if rows != batch.layout.len() || batch.score_rows.len() != batch.targets.len() {
+        return Err(TrainError::BadBatch(format!(
+            "{rows} tokens, a layout of {} rows, {} scored rows and {} targets",
+            batch.layout.len(),
+            batch.score_rows.len(),
+            batch.targets.len()
+        )));
+    }
+    if let Some(&t) = batch
+        .tokens
+        .iter()
+        .chain(&batch.targets)
+        .find(|&&t| t as usize >= c.vocab_size)
+    {
+        return Err(TrainError::BadBatch(format!(
+            "token id {t} is outside the vocabulary of {}",
+            c.vocab_size
+        )));
+    }
+    if let Some(&p) = batch.layout.positions().iter().max() {
+        if p as usize >= c.max_position_embeddings {
+            return Err(TrainError::BadBatch(format!(
+                "a path of {} tokens exceeds the context of {}",
+                p + 1,
+                c.max_position_embeddings
+            )));
+        }
+    }
+    if !(temperature.is_finite() && temperature > 0.0) {
+        return Err(TrainError::BadBatch(format!(
+            "temperature {temperature} must be positive"
+        )));
+    }
+    Ok(())
+}
 
 /// One micro-batch: the rows to forward, and where each sequence's tokens are scored.
 #[derive(Debug, Clone)]
@@ -147,4 +206,16 @@ pub fn pack(seqs: &[(&[TokenId], &[bool])], share: bool, max_rows: usize) -> Vec
         out.push(b.finish());
     }
     out
+}
+
+/// `samples` packed into micro-batches as `cfg` asks (a trie or one chain each), every
+/// loss token scored: what the update forwards, and the reference scores alike.
+pub(super) fn pack_samples(samples: &[TrainSample], cfg: &UpdateConfig) -> Vec<Packed> {
+    let wanted: Vec<Vec<bool>> = samples.iter().map(TrainSample::wanted).collect();
+    let seqs: Vec<(&[TokenId], &[bool])> = samples
+        .iter()
+        .zip(&wanted)
+        .map(|(s, w)| (s.tokens.as_slice(), w.as_slice()))
+        .collect();
+    pack(&seqs, cfg.packed, cfg.micro_batch_tokens.max(1))
 }

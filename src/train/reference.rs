@@ -6,13 +6,14 @@
 //! Without one, the update's reference is the policy before the update, whose
 //! log-probabilities equal the current ones in a one-step update: the KL is then 0.
 
-use candle_core::{DType, Var};
+use candle_core::Var;
 use serde::{Deserialize, Serialize};
 
 use super::error::TrainError;
 use super::native::NativeDecoder;
+use super::pack::pack_samples;
 use super::params::{LayerParams, Params};
-use super::update::{pack_samples, TrainSample, UpdateConfig};
+use super::update::{TrainSample, UpdateConfig};
 
 /// What the KL term of a training run's updates compares the policy with.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,22 +78,13 @@ pub fn fill_reference_logprobs(
         .iter()
         .map(|s| vec![f64::NAN; s.response_mask.len()])
         .collect();
-    // f32 weights score on the engine's forward (as the update does); f64 on candle's.
-    let native = match reference.dtype() {
-        DType::F32 => Some(NativeDecoder::new(reference)?),
-        _ => None,
-    };
+    // The engine's forward, as the update scores (f32).
+    let decoder = NativeDecoder::new(reference)?;
     for mb in &batches {
         if mb.batch.targets.is_empty() {
             continue;
         }
-        let logp = match &native {
-            Some(dec) => dec.forward(&mb.batch, cfg.temperature, false)?.logp,
-            None => {
-                let scored = reference.score(&mb.batch, cfg.temperature, false)?;
-                scored.logp.to_dtype(DType::F64)?.to_vec1::<f64>()?
-            }
-        };
+        let logp = decoder.forward(&mb.batch, cfg.temperature, false)?.logp;
         for (k, &s) in mb.seqs.iter().enumerate() {
             for (p, j) in samples[s].loss_positions() {
                 let unique = mb.scored[k][p].expect("every loss position is scored");

@@ -18,14 +18,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
+use super::decoder::Decoder;
 use super::error::TrainError;
 use super::loss::{aggregation_weights, policy_loss_weighted, LossConfig, LossOutput, LossRow};
-use super::native::{Grads, NativeDecoder, NativeForward};
+use super::native::NativeDecoder;
 use super::optim::{clip_scale, squared_norms, Optimizer};
-use super::pack::{pack, Packed};
+use super::pack::{pack_samples, Packed};
 use super::params::Params;
 use crate::model::{Model, TokenId};
 
@@ -59,7 +60,7 @@ impl TrainSample {
             .map(|(j, _)| (self.prompt_len + j, j))
     }
 
-    fn wanted(&self) -> Vec<bool> {
+    pub(super) fn wanted(&self) -> Vec<bool> {
         let mut w = vec![false; self.tokens.len()];
         for (p, _) in self.loss_positions() {
             w[p] = true;
@@ -188,12 +189,6 @@ impl RolloutGap {
     }
 }
 
-/// A micro-batch's forward, kept for its backward.
-enum Forward {
-    Native(NativeForward),
-    Candle(super::decoder::Scored),
-}
-
 /// Progress of an update: after each micro-batch, how many are done of how many, and
 /// the rows forwarded so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,43 +203,198 @@ pub struct UpdateProgress {
     pub rows: usize,
 }
 
-/// The loss of `samples` and, with `want_grads`, its gradient for every weight.
-pub fn loss_and_gradients(
-    params: &Params,
-    samples: &[TrainSample],
-    cfg: &UpdateConfig,
-    want_grads: bool,
-) -> Result<Evaluated, TrainError> {
-    loss_and_gradients_with_progress(params, samples, cfg, want_grads, &mut |_| {})
+/// One update as its caller sets it up: the weights, the trajectories and the
+/// config, and the options every caller may want — the model an engine serves (no
+/// second copy of the weights), a progress sink. It then runs once:
+/// [`loss`](Self::loss), [`gradients`](Self::gradients) or a whole optimiser
+/// [`step`](Self::step).
+///
+/// ```ignore
+/// let metrics = Update::new(&params, &samples, &config)
+///     .serving(served.as_ref())
+///     .reporting(&mut |p| eprintln!("{}/{}", p.micro_batches_done, p.micro_batches))
+///     .step(&mut optimizer)?;
+/// ```
+pub struct Update<'a> {
+    params: &'a Params,
+    samples: &'a [TrainSample],
+    config: &'a UpdateConfig,
+    served: Option<&'a Arc<Model>>,
+    progress: Option<&'a mut dyn FnMut(UpdateProgress)>,
+    #[cfg(feature = "autodiff-oracle")]
+    by_autodiff: bool,
 }
 
-/// [`loss_and_gradients`], reporting after each micro-batch.
-pub fn loss_and_gradients_with_progress(
-    params: &Params,
-    samples: &[TrainSample],
-    cfg: &UpdateConfig,
-    want_grads: bool,
-    progress: &mut dyn FnMut(UpdateProgress),
-) -> Result<Evaluated, TrainError> {
-    loss_and_gradients_serving(params, None, samples, cfg, want_grads, progress)
+impl<'a> Update<'a> {
+    /// An update of `params` over `samples` as `config` says, on the native decoder
+    /// (f32 weights), reporting nothing.
+    pub fn new(params: &'a Params, samples: &'a [TrainSample], config: &'a UpdateConfig) -> Self {
+        Update {
+            params,
+            samples,
+            config,
+            served: None,
+            progress: None,
+            #[cfg(feature = "autodiff-oracle")]
+            by_autodiff: false,
+        }
+    }
+
+    /// Forwards on `served` — the model an engine serves — when it holds `params`'
+    /// values (see [`NativeDecoder::sharing`]), else on a packed copy.
+    pub fn serving(mut self, served: Option<&'a Arc<Model>>) -> Self {
+        self.served = served;
+        self
+    }
+
+    /// Calls `progress` after each micro-batch.
+    pub fn reporting(mut self, progress: &'a mut dyn FnMut(UpdateProgress)) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// Tests only: forward and backward by candle's autodiff (the oracle, f32 or
+    /// f64) instead of the native decoder, through the same loop.
+    #[cfg(feature = "autodiff-oracle")]
+    pub fn by_autodiff(mut self) -> Self {
+        self.by_autodiff = true;
+        self
+    }
+
+    /// The loss of the trajectories, no gradient.
+    pub fn loss(self) -> Result<Evaluated, TrainError> {
+        self.evaluate(false)
+    }
+
+    /// The loss and its gradient for every weight.
+    pub fn gradients(self) -> Result<Evaluated, TrainError> {
+        self.evaluate(true)
+    }
+
+    fn evaluate(self, want_grads: bool) -> Result<Evaluated, TrainError> {
+        #[cfg(feature = "autodiff-oracle")]
+        if self.by_autodiff {
+            let oracle = super::oracle::AutodiffDecoder::new(self.params);
+            return self.evaluate_on(&oracle, want_grads);
+        }
+        let native = NativeDecoder::sharing(self.params, self.served)?;
+        self.evaluate_on(&native, want_grads)
+    }
+
+    /// One update: gradients, a finite check, clipping, one optimiser step. Nothing
+    /// changes if a gradient is not finite.
+    pub fn step(self, optimizer: &mut Optimizer) -> Result<UpdateMetrics, TrainError> {
+        let t0 = Instant::now();
+        let (params, max_grad_norm) = (self.params, self.config.max_grad_norm);
+        let Evaluated {
+            loss: out,
+            grads,
+            forwarded,
+            micro_batches,
+            rollout_gap,
+        } = self.gradients()?;
+        let grads = grads.expect("asked for gradients");
+        // One pass over the gradients: a NaN or infinity anywhere makes its tensor's
+        // squared norm non-finite.
+        let squared = squared_norms(&grads)?;
+        if let Some(i) = squared.iter().position(|s| !s.is_finite()) {
+            let name = params.named()[i].0.clone();
+            return Err(TrainError::NonFiniteGradient { name });
+        }
+        let grad_norm = squared.iter().sum::<f64>().sqrt();
+        let lr = optimizer.current_lr();
+        // Clipping's factor goes into the step: no scaled copy of every gradient.
+        optimizer.step_scaled(params, &grads, clip_scale(grad_norm, max_grad_norm))?;
+        drop(grads);
+        Ok(UpdateMetrics {
+            loss: out.loss,
+            pg_loss: out.pg_loss,
+            nll: out.nll,
+            kl: out.kl,
+            entropy: out.entropy,
+            grad_norm,
+            clip_fraction: out.clip_fraction,
+            tis_mean: out.tis_mean,
+            tokens: out.tokens,
+            tokens_forwarded: forwarded,
+            micro_batches,
+            lr,
+            seconds: t0.elapsed().as_secs_f64(),
+            rollout_logprob_diff_max: rollout_gap.max(),
+            rollout_logprob_diff_mean: rollout_gap.mean(),
+        })
+    }
+
+    /// The loop every update runs, whichever decoder: micro-batch by micro-batch,
+    /// forward, the loss on the whole update's weights, backward into one
+    /// accumulator.
+    fn evaluate_on<D: Decoder>(
+        mut self,
+        decoder: &D,
+        want_grads: bool,
+    ) -> Result<Evaluated, TrainError> {
+        let (samples, cfg) = (self.samples, self.config);
+        let all_rows = loss_rows(samples);
+        let weights = aggregation_weights(&all_rows, cfg.loss.agg);
+        let batches = pack_samples(samples, cfg);
+        let forwarded = Forwarded {
+            packed: batches.iter().map(|b| b.batch.tokens.len()).sum(),
+            unpacked: samples.iter().map(|s| s.tokens.len()).sum(),
+        };
+        let mut grads = if want_grads {
+            Some(decoder.zero_grads()?)
+        } else {
+            None
+        };
+        let mut rollout_gap = RolloutGap::default();
+        let mut total = LossOutput::empty();
+        let (mut row_at, mut rows_done) = (0, 0);
+        for (b, mb) in batches.iter().enumerate() {
+            rows_done += mb.batch.tokens.len();
+            let rows = micro_batch_rows(mb, samples, &all_rows, row_at);
+            let w = &weights[row_at..row_at + rows.len()];
+            row_at += rows.len();
+            if !mb.batch.targets.is_empty() {
+                let scores = decoder.forward(&mb.batch, cfg.temperature, want_grads)?;
+                let rows = on_policy(rows, &scores.logp);
+                for r in &rows {
+                    if let Some(rollout) = r.rollout_logp {
+                        rollout_gap.add(scores.logp[r.unique], rollout);
+                    }
+                }
+                let out = policy_loss_weighted(&rows, w, &scores.logp, &scores.entropy, &cfg.loss);
+                if let Some(acc) = grads.as_mut() {
+                    let (g_logp, g_entropy) = (&out.grad_logp, &out.grad_entropy);
+                    decoder.backward(&mb.batch, scores.saved, g_logp, g_entropy, acc)?;
+                }
+                total.merge(&out);
+            }
+            if let Some(progress) = self.progress.as_mut() {
+                progress(UpdateProgress {
+                    micro_batches_done: b + 1,
+                    micro_batches: batches.len(),
+                    rows_done,
+                    rows: forwarded.packed,
+                });
+            }
+        }
+        let grads: Option<Vec<Tensor>> = grads.map(|g| decoder.into_tensors(g)).transpose()?;
+        Ok(Evaluated {
+            loss: total,
+            grads,
+            forwarded,
+            micro_batches: batches.len(),
+            rollout_gap,
+        })
+    }
 }
 
-/// [`loss_and_gradients_with_progress`] on `served`, the model an engine serves, when
-/// it holds `params`' values (see [`NativeDecoder::sharing`]): no second copy.
-pub fn loss_and_gradients_serving(
-    params: &Params,
-    served: Option<&Arc<Model>>,
-    samples: &[TrainSample],
-    cfg: &UpdateConfig,
-    want_grads: bool,
-    progress: &mut dyn FnMut(UpdateProgress),
-) -> Result<Evaluated, TrainError> {
-    let dtype = params.dtype();
-    // Every loss row of the update, in sample order, for the global weights.
-    let mut all_rows = Vec::new();
+/// Every loss row of the update, in sample order, for the global weights.
+fn loss_rows(samples: &[TrainSample]) -> Vec<LossRow> {
+    let mut rows = Vec::new();
     for (s, sample) in samples.iter().enumerate() {
         for _ in sample.loss_positions() {
-            all_rows.push(LossRow {
+            rows.push(LossRow {
                 seq: s,
                 unique: 0,
                 advantage: sample.advantage,
@@ -254,139 +404,20 @@ pub fn loss_and_gradients_serving(
             });
         }
     }
-    let weights = aggregation_weights(&all_rows, cfg.loss.agg);
-    let batches = pack_samples(samples, cfg);
-    let forwarded = Forwarded {
-        packed: batches.iter().map(|b| b.batch.tokens.len()).sum(),
-        unpacked: samples.iter().map(|s| s.tokens.len()).sum(),
-    };
-    let named = params.named();
-    let mut grads: Option<Vec<Tensor>> = None;
-    // f32 weights train on the engine's own forward; f64 (the finite-difference
-    // oracle) on the candle-autodiff decoder.
-    let native = match dtype {
-        DType::F32 => Some(NativeDecoder::sharing(params, served)?),
-        _ => None,
-    };
-    let mut native_grads: Option<Grads> = None;
-    let mut rollout_gap = RolloutGap::default();
-    let mut total = LossOutput::empty();
-    let mut row_at = 0;
-    let mut rows_done = 0;
-    for (b, mb) in batches.iter().enumerate() {
-        rows_done += mb.batch.tokens.len();
-        let report = UpdateProgress {
-            micro_batches_done: b + 1,
-            micro_batches: batches.len(),
-            rows_done,
-            rows: forwarded.packed,
-        };
-        let rows = micro_batch_rows(mb, samples, &all_rows, row_at);
-        let w = &weights[row_at..row_at + rows.len()];
-        row_at += rows.len();
-        if mb.batch.targets.is_empty() {
-            progress(report);
-            continue;
-        }
-        let (logp, entropy, forward) = match &native {
-            Some(dec) => {
-                let fwd = dec.forward(&mb.batch, cfg.temperature, want_grads)?;
-                (fwd.logp.clone(), fwd.entropy.clone(), Forward::Native(fwd))
-            }
-            None => {
-                let scored = params.score(&mb.batch, cfg.temperature, true)?;
-                let logp = scored.logp.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-                let entropy_t = scored.entropy.clone().expect("asked for entropy");
-                let entropy = entropy_t.to_dtype(DType::F64)?.to_vec1::<f64>()?;
-                (logp, entropy, Forward::Candle(scored))
-            }
-        };
-        let rows: Vec<LossRow> = rows
-            .into_iter()
-            .map(|mut r| {
-                // On-policy: the old (and reference) log-probability is the current one.
-                if r.old_logp.is_nan() {
-                    r.old_logp = logp[r.unique];
-                }
-                r
-            })
-            .collect();
-        for r in &rows {
-            if let Some(rollout) = r.rollout_logp {
-                rollout_gap.add(logp[r.unique], rollout);
-            }
-        }
-        let out = policy_loss_weighted(&rows, w, &logp, &entropy, &cfg.loss);
-        if want_grads {
-            match forward {
-                Forward::Native(fwd) => {
-                    let dec = native.as_ref().expect("a native forward has its decoder");
-                    let acc = native_grads.get_or_insert_with(|| Grads::zeros(params));
-                    dec.backward(&mb.batch, fwd, &out.grad_logp, &out.grad_entropy, acc)?;
-                }
-                Forward::Candle(scored) => {
-                    let g = Tensor::from_vec(out.grad_logp.clone(), logp.len(), &Device::Cpu)?
-                        .to_dtype(dtype)?;
-                    let mut surrogate = (&scored.logp * g)?.sum_all()?;
-                    if cfg.loss.entropy_coef != 0.0 {
-                        let e = Tensor::from_vec(
-                            out.grad_entropy.clone(),
-                            entropy.len(),
-                            &Device::Cpu,
-                        )?
-                        .to_dtype(dtype)?;
-                        let entropy_t = scored.entropy.as_ref().expect("asked for entropy");
-                        surrogate = (surrogate + (entropy_t * e)?.sum_all()?)?;
-                    }
-                    let store = surrogate.backward()?;
-                    let acc = grads.get_or_insert_with(Vec::new);
-                    for (i, (_, var)) in named.iter().enumerate() {
-                        let g = match store.get(var.as_tensor()) {
-                            Some(g) => g.clone(),
-                            None => var.as_tensor().zeros_like()?,
-                        };
-                        if acc.len() <= i {
-                            acc.push(g);
-                        } else {
-                            acc[i] = (&acc[i] + g)?;
-                        }
-                    }
-                }
-            }
-        }
-        total.merge(&out);
-        progress(report);
-    }
-    if let Some(g) = native_grads {
-        grads = Some(g.into_tensors()?);
-    }
-    if want_grads && grads.is_none() {
-        grads = Some(
-            named
-                .iter()
-                .map(|(_, v)| v.as_tensor().zeros_like())
-                .collect::<Result<_, _>>()?,
-        );
-    }
-    Ok(Evaluated {
-        loss: total,
-        grads,
-        forwarded,
-        micro_batches: batches.len(),
-        rollout_gap,
-    })
+    rows
 }
 
-/// `samples` packed into micro-batches as `cfg` asks (a trie or one chain each), every
-/// loss token scored: what the update forwards, and the reference scores alike.
-pub(super) fn pack_samples(samples: &[TrainSample], cfg: &UpdateConfig) -> Vec<Packed> {
-    let wanted: Vec<Vec<bool>> = samples.iter().map(TrainSample::wanted).collect();
-    let seqs: Vec<(&[TokenId], &[bool])> = samples
-        .iter()
-        .zip(&wanted)
-        .map(|(s, w)| (s.tokens.as_slice(), w.as_slice()))
-        .collect();
-    pack(&seqs, cfg.packed, cfg.micro_batch_tokens.max(1))
+/// On-policy rows: where no old log-probability was given, the old (and reference)
+/// one is the current forward's.
+fn on_policy(rows: Vec<LossRow>, logp: &[f64]) -> Vec<LossRow> {
+    rows.into_iter()
+        .map(|mut r| {
+            if r.old_logp.is_nan() {
+                r.old_logp = logp[r.unique];
+            }
+            r
+        })
+        .collect()
 }
 
 /// The loss rows of one micro-batch (contiguous in the update's order from `row_at`),
@@ -413,77 +444,4 @@ fn micro_batch_rows(
         }
     }
     rows
-}
-
-/// One update of `params` over `samples`: gradients, a finite check, clipping, one
-/// optimiser step. Nothing changes if a gradient is not finite.
-pub fn update(
-    params: &Params,
-    optimizer: &mut Optimizer,
-    samples: &[TrainSample],
-    cfg: &UpdateConfig,
-) -> Result<UpdateMetrics, TrainError> {
-    update_with_progress(params, optimizer, samples, cfg, &mut |_| {})
-}
-
-/// [`update`], reporting after each micro-batch.
-pub fn update_with_progress(
-    params: &Params,
-    optimizer: &mut Optimizer,
-    samples: &[TrainSample],
-    cfg: &UpdateConfig,
-    progress: &mut dyn FnMut(UpdateProgress),
-) -> Result<UpdateMetrics, TrainError> {
-    update_serving(params, None, optimizer, samples, cfg, progress)
-}
-
-/// [`update_with_progress`] whose forward runs on `served` (the model an engine
-/// serves) when it holds `params`' values: a closed loop keeps one copy of the
-/// weights for serving and training.
-pub fn update_serving(
-    params: &Params,
-    served: Option<&Arc<Model>>,
-    optimizer: &mut Optimizer,
-    samples: &[TrainSample],
-    cfg: &UpdateConfig,
-    progress: &mut dyn FnMut(UpdateProgress),
-) -> Result<UpdateMetrics, TrainError> {
-    let t0 = Instant::now();
-    let Evaluated {
-        loss: out,
-        grads,
-        forwarded,
-        micro_batches,
-        rollout_gap,
-    } = loss_and_gradients_serving(params, served, samples, cfg, true, progress)?;
-    let grads = grads.expect("asked for gradients");
-    // One pass over the gradients: a NaN or infinity anywhere makes its tensor's
-    // squared norm non-finite.
-    let squared = squared_norms(&grads)?;
-    if let Some(i) = squared.iter().position(|s| !s.is_finite()) {
-        let name = params.named()[i].0.clone();
-        return Err(TrainError::NonFiniteGradient { name });
-    }
-    let grad_norm = squared.iter().sum::<f64>().sqrt();
-    let lr = optimizer.current_lr();
-    // Clipping's factor goes into the step: no scaled copy of every gradient.
-    optimizer.step_scaled(params, &grads, clip_scale(grad_norm, cfg.max_grad_norm))?;
-    drop(grads);
-    Ok(UpdateMetrics {
-        loss: out.loss,
-        pg_loss: out.pg_loss,
-        nll: out.nll,
-        kl: out.kl,
-        entropy: out.entropy,
-        grad_norm,
-        clip_fraction: out.clip_fraction,
-        tis_mean: out.tis_mean,
-        tokens: out.tokens,
-        tokens_forwarded: forwarded,
-        micro_batches,
-        lr,
-        seconds: t0.elapsed().as_secs_f64(),
-        rollout_logprob_diff_max: rollout_gap.max(),
-        rollout_logprob_diff_mean: rollout_gap.mean(),
-    })
 }

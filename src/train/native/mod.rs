@@ -14,8 +14,8 @@
 //! RoPE row by row, tree attention's backward as tiled matrix products). Gradients land in plain f32 buffers
 //! ([`Grads`]) read from and shaped like the [`Params`] they belong to.
 //!
-//! f32 only; the candle-autodiff decoder (`decoder.rs`) remains, in f32 and f64, as
-//! the oracle the tests hold this one to.
+//! f32 only; the candle-autodiff decoder (`oracle/`, compiled for the tests only)
+//! remains, in f32 and f64, as the oracle the tests hold this one to.
 
 pub mod attention_backward;
 pub mod grads;
@@ -26,10 +26,11 @@ pub mod tree_store;
 
 use std::sync::Arc;
 
-use candle_core::DType;
+use candle_core::{DType, Tensor};
 
-use super::decoder::{check_batch, PackedBatch};
+use super::decoder::{Decoder, Scores};
 use super::error::TrainError;
+use super::pack::{check_batch, PackedBatch};
 use super::params::Params;
 use crate::model::attention::SeqSpan;
 use crate::model::kernels::WeightFormat;
@@ -304,5 +305,44 @@ impl<'p> NativeDecoder<'p> {
             }
         }
         Ok(())
+    }
+}
+
+impl Decoder for NativeDecoder<'_> {
+    type Saved = NativeForward;
+    type Grads = Grads;
+
+    fn forward(
+        &self,
+        batch: &PackedBatch,
+        temperature: f64,
+        for_backward: bool,
+    ) -> Result<Scores<NativeForward>, TrainError> {
+        let mut saved = NativeDecoder::forward(self, batch, temperature, for_backward)?;
+        // The backward reads the rows' scores, not these copies of them.
+        Ok(Scores {
+            logp: std::mem::take(&mut saved.logp),
+            entropy: std::mem::take(&mut saved.entropy),
+            saved,
+        })
+    }
+
+    fn zero_grads(&self) -> Result<Grads, TrainError> {
+        Ok(Grads::zeros(self.params))
+    }
+
+    fn backward(
+        &self,
+        batch: &PackedBatch,
+        saved: NativeForward,
+        g_logp: &[f64],
+        g_entropy: &[f64],
+        grads: &mut Grads,
+    ) -> Result<(), TrainError> {
+        NativeDecoder::backward(self, batch, saved, g_logp, g_entropy, grads)
+    }
+
+    fn into_tensors(&self, grads: Grads) -> Result<Vec<Tensor>, TrainError> {
+        grads.into_tensors()
     }
 }

@@ -25,7 +25,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Shape, Tensor, WithDType
 use num_traits::Float;
 use rayon::prelude::*;
 
-use super::layout::TreeLayout;
+use super::super::layout::TreeLayout;
 
 /// Query rows the backward handles together (see [`TreeAttention::backward_block`]).
 const QUERY_BLOCK: usize = 8;
