@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use reference_bpe::ReferenceBpe;
 use tiny::Vocabulary;
 use treegrpo::model::LoadedModel;
+use treegrpo::random::{SplitMix64, Uniform};
 
 /// The old loop is skipped where its projected time passes this.
 const OLD_BUDGET: Duration = Duration::from_secs(60);
@@ -41,16 +42,10 @@ fn best_of<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
 }
 
 fn word(bytes: usize, seed: u64) -> String {
-    let mut s = seed;
+    // The library's SplitMix64, for a reproducible letter sequence.
+    let mut s = SplitMix64::new(seed);
     (0..bytes)
-        .map(|_| {
-            // splitmix64's step, for a reproducible letter sequence.
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            (b'a' + ((z ^ (z >> 31)) % 26) as u8) as char
-        })
+        .map(|_| (b'a' + (s.next_u64() % 26) as u8) as char)
         .collect()
 }
 

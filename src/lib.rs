@@ -79,6 +79,7 @@ pub mod model;
 /// (features `mistralrs`, `llamacpp`).
 #[cfg(any(feature = "mistralrs", feature = "llamacpp"))]
 pub mod peer;
+pub mod random;
 pub mod rollout;
 #[cfg(feature = "serve")]
 pub mod serve;

@@ -15,6 +15,7 @@ use super::samples::train_sample;
 use crate::engine::SeqRng;
 use crate::env::{Environment, QaSample};
 use crate::model::LoadedModel;
+use crate::random::Uniform;
 use crate::rollout::{demonstrations, Trajectory};
 use crate::train::{
     LossConfig, Optimizer, OptimizerConfig, Params, TrainSample, Update, UpdateConfig,
@@ -87,13 +88,10 @@ fn nll_update(cfg: &SftConfig) -> UpdateConfig {
     }
 }
 
-/// `0..n` shuffled by `rng` (Fisher–Yates).
+/// `0..n` shuffled by `rng`.
 fn shuffled(n: usize, rng: &mut SeqRng) -> Vec<usize> {
     let mut order: Vec<usize> = (0..n).collect();
-    for i in (1..n).rev() {
-        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
+    rng.shuffle(&mut order);
     order
 }
 

@@ -11,29 +11,16 @@
 //! round whose output feeds the next, so distinct tuples give distinct, uncorrelated
 //! streams — and every seed's samples differ from those of earlier releases.
 
+use crate::random::{mix64, SplitMix64, Uniform, GOLDEN};
+
 /// Deterministic RNG owned by one sequence.
 #[derive(Debug, Clone)]
 pub struct SeqRng {
     s: [u64; 4],
 }
 
-/// SplitMix64's increment (the golden ratio in 64 bits).
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 /// The hash of an empty list of seed words.
 const SEED_BASIS: u64 = 0x005E_ED0F_7EE5_u64;
-
-/// SplitMix64's finaliser: a bijection of `u64` whose every output bit depends on
-/// every input bit.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-fn splitmix64(x: &mut u64) -> u64 {
-    *x = x.wrapping_add(GOLDEN);
-    mix64(*x)
-}
 
 impl SeqRng {
     /// Seeds from a list of words, e.g. (run seed, prompt, tree, branch, step).
@@ -47,11 +34,12 @@ impl SeqRng {
             h = mix64(h.wrapping_add(GOLDEN) ^ p);
         }
         h = mix64(h.wrapping_add(GOLDEN) ^ parts.len() as u64);
+        let mut words = SplitMix64::new(h);
         let s = [
-            splitmix64(&mut h),
-            splitmix64(&mut h),
-            splitmix64(&mut h),
-            splitmix64(&mut h),
+            words.next_u64(),
+            words.next_u64(),
+            words.next_u64(),
+            words.next_u64(),
         ];
         SeqRng { s }
     }
@@ -80,11 +68,22 @@ impl SeqRng {
     }
 }
 
+impl Uniform for SeqRng {
+    fn next_u64(&mut self) -> u64 {
+        SeqRng::next_u64(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    fn splitmix64(x: &mut u64) -> u64 {
+        *x = x.wrapping_add(GOLDEN);
+        mix64(*x)
+    }
 
     /// The seeding of earlier releases (XOR each word in, add φ, discard the
     /// mixer's output): kept here only to show the statistics below reject it.

@@ -22,6 +22,7 @@ use crate::engine::SeqRng;
 use crate::env::Episode;
 use crate::kv::SeqId;
 use crate::model::TokenId;
+use crate::random::Uniform;
 
 use super::branch::{grow_branch, BranchOutcome, BranchStart, Grown};
 use super::context::SamplerContext;
@@ -376,10 +377,7 @@ fn keep_leaves(tree: &mut Tree, k: usize, rng: &mut SeqRng) {
     if leaves.len() <= k {
         return;
     }
-    for i in 0..k {
-        let j = i + (rng.next_u64() % (leaves.len() - i) as u64) as usize;
-        leaves.swap(i, j);
-    }
+    rng.shuffle_first(&mut leaves, k);
     leaves.truncate(k);
     let mut keep = vec![false; tree.nodes.len()];
     for &l in &leaves {

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::engine::SeqRng;
+use crate::random::Uniform;
 
 use super::forest::{NodeId, Tree};
 
@@ -84,7 +85,6 @@ fn select_among(
     n: usize,
     rng: &mut SeqRng,
 ) -> Vec<NodeId> {
-    let below = |k: usize| (rng.next_u64() % k as u64) as usize;
     match selection {
         Selection::Paper => {
             let mut pool = candidates.to_vec();
@@ -93,12 +93,8 @@ fn select_among(
                 pool.extend(std::iter::repeat_n(NodeId::ROOT, fill));
                 return pool;
             }
-            // Partial Fisher-Yates: the first n of a uniform shuffle.
-            let mut below = below;
-            for i in 0..n {
-                let j = i + below(pool.len() - i);
-                pool.swap(i, j);
-            }
+            // The first n of a uniform shuffle.
+            rng.shuffle_first(&mut pool, n);
             pool.truncate(n);
             pool.sort_unstable();
             pool
@@ -106,8 +102,7 @@ fn select_among(
         Selection::Reference | Selection::Entropy => {
             let mut all = vec![NodeId::ROOT];
             all.extend_from_slice(candidates);
-            let mut below = below;
-            let mut picks: Vec<NodeId> = (0..n).map(|_| all[below(all.len())]).collect();
+            let mut picks: Vec<NodeId> = (0..n).map(|_| all[rng.below(all.len())]).collect();
             picks.sort_unstable();
             picks
         }

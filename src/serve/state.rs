@@ -11,6 +11,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::engine::Engine;
 use crate::model::LoadedModel;
+use crate::random::{mix64, GOLDEN};
 
 use super::error::ServeError;
 use super::metrics::Metrics;
@@ -162,14 +163,9 @@ impl AppState {
 impl Inner {
     /// A seed for a request that names none.
     pub fn fresh_seed(&self) -> u64 {
-        // Successive nonces mixed (splitmix64's finaliser), so seeds of consecutive
-        // requests share no structure.
-        let mut z = self
-            .nonce
-            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        // Successive nonces mixed (SplitMix64), so seeds of consecutive requests
+        // share no structure.
+        mix64(self.nonce.fetch_add(GOLDEN, Ordering::Relaxed))
     }
 
     /// A fresh response id with `prefix` (`cmpl`, `chatcmpl`).

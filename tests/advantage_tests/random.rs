@@ -2,22 +2,19 @@
 //! its properties hold on every forest; random corruptions are caught.
 
 use super::*;
+use treegrpo::random::{SplitMix64, Uniform};
 
 // ------------------------------------------------------ seeded random forests
 
-/// SplitMix64: a tiny deterministic RNG so the property tests need no crate.
-struct Rng(u64);
+/// The library's SplitMix64 (deterministic, no crate), with the draws these tests use.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        self.0.below(n)
     }
     fn unit(&mut self) -> f64 {
         (self.next() >> 11) as f64 / (1u64 << 53) as f64
@@ -146,7 +143,7 @@ fn naive_path(nodes: &[NodeView], node: usize) -> Vec<usize> {
 
 #[test]
 fn naive_implementation_agrees_on_random_forests() {
-    let mut rng = Rng(0xA11CE);
+    let mut rng = Rng(SplitMix64::new(0xA11CE));
     for case in 0..300 {
         let trees = random_trees(&mut rng);
         let f = forest(&trees);
@@ -214,7 +211,7 @@ fn naive_implementation_agrees_on_random_forests() {
 
 #[test]
 fn properties_on_random_forests() {
-    let mut rng = Rng(0x5EED);
+    let mut rng = Rng(SplitMix64::new(0x5EED));
     for case in 0..400 {
         let trees = random_trees(&mut rng);
         let f = forest(&trees);
@@ -313,7 +310,7 @@ fn properties_on_random_forests() {
 #[test]
 fn random_corruptions_are_caught() {
     use AdvantageError::*;
-    let mut rng = Rng(0xBAD);
+    let mut rng = Rng(SplitMix64::new(0xBAD));
     for case in 0..200 {
         let mut trees = random_trees(&mut rng);
         let t = rng.below(trees.len());

@@ -14,6 +14,7 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::AddedToken;
 use treegrpo::model::{BatchSeq, DenseKvStore, ForwardBatch, LoadedModel, LogitsWanted};
+use treegrpo::random::{SplitMix64, Uniform};
 
 /// The ChatML template the tiny models ship.
 pub const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -180,16 +181,12 @@ pub struct TinyModel {
     pub tensors: Vec<(String, Tensor)>,
 }
 
-/// splitmix64: a seeded generator so every run writes the same weights.
-struct Rng(u64);
+/// The library's SplitMix64: a seeded generator so every run writes the same weights.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn uniform(&mut self, scale: f32) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = self.0.next_u64();
         ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
     }
 
@@ -227,7 +224,7 @@ impl TinyModel {
         let (layers, heads, kv_heads) = (2, 4, 2);
         let (q, kv, v) = (hidden, hidden / heads * kv_heads, vocab.tokens.len());
         let qwen = flavour == Flavour::Qwen2;
-        let mut rng = Rng(seed);
+        let mut rng = Rng(SplitMix64::new(seed));
         let mut tensors = Vec::new();
         let mut add = |name: String, dims: &[usize], centre: f32, scale: f32| {
             tensors.push((name, rng.tensor(dims, centre, scale)));

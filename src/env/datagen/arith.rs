@@ -3,7 +3,7 @@
 //! so a test can check the answer with the calculator itself.
 
 use crate::env::datagen::names::NameGen;
-use crate::env::datagen::rng::Rng;
+use crate::env::datagen::rng::{Rng, Uniform};
 use crate::env::datagen::Dataset;
 use crate::env::error::EnvError;
 use crate::env::ids::SampleId;

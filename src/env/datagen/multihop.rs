@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::env::datagen::rng::Rng;
+use crate::env::datagen::rng::{Rng, Uniform};
 use crate::env::datagen::world::{World, WorldSizes};
 use crate::env::datagen::Dataset;
 use crate::env::error::EnvError;

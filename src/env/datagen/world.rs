@@ -7,7 +7,7 @@
 
 use crate::env::corpus::Document;
 use crate::env::datagen::names::NameGen;
-use crate::env::datagen::rng::Rng;
+use crate::env::datagen::rng::{Rng, Uniform};
 use crate::env::ids::DocId;
 
 /// Company sectors: name suffix, industry phrase, product kinds.
