@@ -18,7 +18,6 @@ use std::sync::Arc;
 
 use super::error::TrainError;
 use super::layout::TreeLayout;
-use super::update::{TrainSample, UpdateConfig};
 use crate::model::{ModelConfig, TokenId};
 
 /// Token rows laid out as a forest, and what to score.
@@ -206,16 +205,4 @@ pub fn pack(seqs: &[(&[TokenId], &[bool])], share: bool, max_rows: usize) -> Vec
         out.push(b.finish());
     }
     out
-}
-
-/// `samples` packed into micro-batches as `cfg` asks (a trie or one chain each), every
-/// loss token scored: what the update forwards, and the reference scores alike.
-pub(super) fn pack_samples(samples: &[TrainSample], cfg: &UpdateConfig) -> Vec<Packed> {
-    let wanted: Vec<Vec<bool>> = samples.iter().map(TrainSample::wanted).collect();
-    let seqs: Vec<(&[TokenId], &[bool])> = samples
-        .iter()
-        .zip(&wanted)
-        .map(|(s, w)| (s.tokens.as_slice(), w.as_slice()))
-        .collect();
-    pack(&seqs, cfg.packed, cfg.micro_batch_tokens.max(1))
 }

@@ -11,9 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::TrainError;
 use super::native::NativeDecoder;
-use super::pack::pack_samples;
 use super::params::{LayerParams, Params};
-use super::update::{TrainSample, UpdateConfig};
+use super::update::{pack_samples, TrainSample, UpdateConfig};
 
 /// What the KL term of a training run's updates compares the policy with.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -26,7 +26,7 @@ use super::error::TrainError;
 use super::loss::{aggregation_weights, policy_loss_weighted, LossConfig, LossOutput, LossRow};
 use super::native::NativeDecoder;
 use super::optim::{clip_scale, squared_norms, Optimizer};
-use super::pack::{pack_samples, Packed};
+use super::pack::{pack, Packed};
 use super::params::Params;
 use crate::model::{Model, TokenId};
 
@@ -60,7 +60,7 @@ impl TrainSample {
             .map(|(j, _)| (self.prompt_len + j, j))
     }
 
-    pub(super) fn wanted(&self) -> Vec<bool> {
+    fn wanted(&self) -> Vec<bool> {
         let mut w = vec![false; self.tokens.len()];
         for (p, _) in self.loss_positions() {
             w[p] = true;
@@ -444,4 +444,16 @@ fn micro_batch_rows(
         }
     }
     rows
+}
+
+/// `samples` packed into micro-batches as `cfg` asks (a trie or one chain each), every
+/// loss token scored: what the update forwards, and the reference scores alike.
+pub(super) fn pack_samples(samples: &[TrainSample], cfg: &UpdateConfig) -> Vec<Packed> {
+    let wanted: Vec<Vec<bool>> = samples.iter().map(TrainSample::wanted).collect();
+    let seqs: Vec<(&[TokenId], &[bool])> = samples
+        .iter()
+        .zip(&wanted)
+        .map(|(s, w)| (s.tokens.as_slice(), w.as_slice()))
+        .collect();
+    pack(&seqs, cfg.packed, cfg.micro_batch_tokens.max(1))
 }
