@@ -2,11 +2,7 @@
 
 mod common;
 
-use std::process::Command;
-
-fn treegrpo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_treegrpo"))
-}
+use common::treegrpo;
 
 #[test]
 fn generate_answers_the_capital_of_france_with_paris() {
@@ -28,6 +24,45 @@ fn generate_answers_the_capital_of_france_with_paris() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("Paris"), "completion was: {stdout}");
+}
+
+/// `--min-tokens`: the answer ("Paris." and the end of the turn, a few tokens) may
+/// not end before 24 tokens, so all 24 come; above `--max-tokens` it is refused.
+#[test]
+fn min_tokens_holds_off_the_end_of_the_answer() {
+    let model = common::default_model();
+    let generate = |extra: &[&str]| {
+        treegrpo()
+            .args(["generate", "--prompt", "What is the capital of France?"])
+            .args(["--max-tokens", "24"])
+            .args(extra)
+            .arg("--model")
+            .arg(&model)
+            .output()
+            .unwrap()
+    };
+    let free = generate(&[]);
+    let held = generate(&["--min-tokens", "24"]);
+    let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        free.status.success() && held.status.success(),
+        "{}",
+        stderr(&held)
+    );
+    assert!(
+        stderr(&free).contains("stop: StopToken"),
+        "{}",
+        stderr(&free)
+    );
+    assert!(stderr(&held).contains(" 24 generated"), "{}", stderr(&held));
+    assert!(
+        stderr(&held).contains("stop: MaxTokens"),
+        "{}",
+        stderr(&held)
+    );
+    let refused = generate(&["--min-tokens", "25"]);
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("min_tokens 25 is above max_tokens 24"));
 }
 
 #[test]

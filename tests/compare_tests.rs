@@ -25,8 +25,10 @@
 
 mod common;
 
+use common::{run_ok, treegrpo};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use candle_core::DType;
 use serde_json::Value;
@@ -43,10 +45,6 @@ const BUDGET: u64 = 6000;
 const ARMS: [&str; 2] = ["tree-1-2-1", "chain-2"];
 /// The arm added on a rerun: a tree whose branches start from a wider distribution.
 const DIVERSE: &str = "tree-1-2-1-bt3k16n8";
-
-fn treegrpo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_treegrpo"))
-}
 
 fn compare_args(out: &Path, model: &Path, seed: &str) -> Vec<String> {
     let (steps, prompts, warm, budget) = (
@@ -90,15 +88,6 @@ fn compare_args(out: &Path, model: &Path, seed: &str) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
-}
-
-fn run_ok(cmd: &mut Command) {
-    let output = cmd.stdout(Stdio::null()).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 fn run_dir(out: &Path, arm: &str) -> PathBuf {

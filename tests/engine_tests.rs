@@ -230,3 +230,51 @@ fn sequences_added_later_reuse_the_cached_prompt_blocks() {
     assert_eq!(counters.prefilled as usize, p.len() + (p.len() - cached));
     c.free(again).unwrap();
 }
+
+/// vLLM's `min_tokens`: the generation's stop tokens cannot be drawn before it has
+/// that many, so a stop token the greedy choice would take first comes no earlier.
+#[test]
+fn min_tokens_keeps_the_stop_tokens_out_until_the_generation_has_that_many() {
+    let m = model();
+    let p = prompt(&m, "Name three rivers in Europe.");
+    let mut c = core(&m, EngineConfig::default());
+    let seq = c.add_sequence(&p).unwrap();
+    c.generate(seq, GenParams::greedy(8)).unwrap();
+    let free = finish(&mut c, seq);
+    let first = free.tokens[0];
+
+    // The greedy first token as a stop token ends the generation at once.
+    let stopped = |min_tokens: usize, c: &mut EngineCore| {
+        let seq = c.add_sequence(&p).unwrap();
+        let params = GenParams {
+            stop_tokens: vec![first],
+            min_tokens,
+            ..GenParams::greedy(8)
+        };
+        c.generate(seq, params).unwrap();
+        finish(c, seq)
+    };
+    let at_once = stopped(0, &mut c);
+    assert!(at_once.tokens.is_empty());
+    assert_eq!(at_once.stop, treegrpo::engine::StopReason::StopToken);
+
+    let held = stopped(5, &mut c);
+    assert!(held.tokens.len() >= 5, "{:?}", held.tokens);
+    assert!(!held.tokens[..5].contains(&first));
+    // The masked first choice: its policy logprob is the model's, its behaviour
+    // logprob is renormalised without the banned token (greedy: ≥ the policy's).
+    assert!(held.behaviour_logprobs[0] >= held.logprobs[0]);
+
+    // min_tokens above max_new_tokens is refused, named.
+    let seq = c.add_sequence(&p).unwrap();
+    let err = c
+        .generate(
+            seq,
+            GenParams {
+                min_tokens: 9,
+                ..GenParams::greedy(8)
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("min_tokens"), "{err}");
+}

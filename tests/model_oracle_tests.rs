@@ -16,11 +16,10 @@
 mod common;
 
 use common::oracle::{candle_logits, candle_model, dequantize_all_in_candle};
+use common::tiny::logits_all;
 
 use candle_core::{Device, Tensor};
-use treegrpo::model::{
-    BatchSeq, ChatMessage, DenseKvStore, ForwardBatch, LoadedModel, LogitsWanted,
-};
+use treegrpo::model::{ChatMessage, LoadedModel};
 
 const PROMPTS: [&str; 3] = [
     "What is the capital of France?",
@@ -28,21 +27,6 @@ const PROMPTS: [&str; 3] = [
     "List three prime numbers greater than 10, separated by commas.",
 ];
 const TOLERANCE: f32 = 1e-3;
-
-fn our_logits(m: &LoadedModel, tokens: &[u32]) -> Vec<Vec<f32>> {
-    let cfg = m.model.config();
-    let mut kv = DenseKvStore::new(cfg.num_layers, cfg.kv_dim());
-    let slot = kv.add_sequence();
-    let batch = ForwardBatch {
-        seqs: vec![BatchSeq {
-            slot,
-            start: 0,
-            tokens: tokens.to_vec(),
-            logits: LogitsWanted::All,
-        }],
-    };
-    m.model.forward(&batch, &mut kv).unwrap().remove(0).rows
-}
 
 #[test]
 fn logits_match_candle_transformers_at_every_position() {
@@ -55,7 +39,7 @@ fn logits_match_candle_transformers_at_every_position() {
             .unwrap();
         let mut theirs = candle_model(&path);
         let expected = candle_logits(&mut theirs, &tokens);
-        let got = our_logits(&ours, &tokens);
+        let got = logits_all(&ours, &tokens);
         assert_eq!(got.len(), tokens.len());
         let mut worst = 0f32;
         for (pos, (g, e)) in got.iter().zip(&expected).enumerate() {
@@ -87,7 +71,7 @@ fn greedy_continuations_match_candle_transformers() {
         let tokens = ours
             .chat_prompt(&[ChatMessage::new("user", prompt)])
             .unwrap();
-        let req = treegrpo::engine::GenerateRequest {
+        let req = common::single_sequence::GenerateRequest {
             penalties: treegrpo::engine::Penalties::NONE,
             prompt: tokens.clone(),
             max_new_tokens: 32,
@@ -96,7 +80,7 @@ fn greedy_continuations_match_candle_transformers() {
             stop_tokens: Vec::new(),
             prefill_chunk: 512,
         };
-        let got: Vec<u32> = treegrpo::engine::generate(&ours.model, &req)
+        let got: Vec<u32> = common::single_sequence::generate(&ours.model, &req)
             .unwrap()
             .tokens
             .iter()

@@ -17,9 +17,10 @@
 
 mod common;
 
+use common::{run_ok, treegrpo};
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::closed_loop::{
@@ -424,21 +425,6 @@ fn a_resumed_run_starts_from_its_record_and_rl_prompts_follow_the_warm_start() {
         Some(other),
         "--model names another model"
     );
-}
-
-fn treegrpo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_treegrpo"))
-}
-
-/// Runs `cmd` to the end and returns its stdout; fails with its stderr.
-fn run_ok(cmd: &mut Command) -> String {
-    let output = cmd.stdin(Stdio::null()).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
 }
 
 /// `treegrpo train` on calc at a test's size (one prompt a step, 16-token steps).

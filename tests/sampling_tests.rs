@@ -278,3 +278,37 @@ fn unboosted_draws_are_the_policy_draws_they_always_were() {
     assert!((d.behaviour_logprob as f64 - (shaped[x] / z).ln()).abs() < 1e-5);
     assert!((d.sampled.logprob as f64 - p[x].ln()).abs() < 1e-5);
 }
+
+#[test]
+fn a_banned_token_is_never_drawn_and_the_behaviour_is_renormalised_without_it() {
+    // min_tokens' mask: token 0 (the most likely, p = 0.644 at T = 1) may not be drawn.
+    let p = hand_softmax(1.0);
+    let kept: f64 = p[1..].iter().sum();
+    for (sampling, seeds) in [(policy(), 0..2_000u64), (Sampling::Greedy, 0..1)] {
+        for seed in seeds {
+            let options = DrawOptions {
+                banned: &[0],
+                ..DrawOptions::PLAIN
+            };
+            let d = draw(&LOGITS, &sampling, options, &mut SeqRng::new(seed));
+            let x = d.sampled.token as usize;
+            assert_ne!(x, 0, "a banned token was drawn (seed {seed})");
+            // The policy logprob stays the model's; the behaviour is the masked one's.
+            assert!((d.sampled.logprob as f64 - p[x].ln()).abs() < 1e-5);
+            assert!((d.behaviour_logprob as f64 - (p[x] / kept).ln()).abs() < 1e-5);
+            if sampling == Sampling::Greedy {
+                assert_eq!(x, 1, "greedy takes the best token left");
+            }
+        }
+    }
+    // Out-of-vocabulary ids in the list change nothing.
+    let options = DrawOptions {
+        banned: &[99],
+        ..DrawOptions::PLAIN
+    };
+    let plain = draw(&LOGITS, &policy(), DrawOptions::PLAIN, &mut SeqRng::new(7));
+    assert_eq!(
+        draw(&LOGITS, &policy(), options, &mut SeqRng::new(7)),
+        plain
+    );
+}

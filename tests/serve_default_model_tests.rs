@@ -15,8 +15,9 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 
 use common::http;
+use common::single_sequence::{generate, GenerateRequest};
 use serde_json::{json, Value};
-use treegrpo::engine::{generate, GenerateRequest, Sampling};
+use treegrpo::engine::Sampling;
 use treegrpo::model::LoadedModel;
 
 const PROMPT: &str = "The capital of France is";

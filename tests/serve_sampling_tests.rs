@@ -8,9 +8,10 @@ mod common;
 
 use common::http;
 use common::server::{floats, greedy_oracle, ids, ok, serve};
+use common::single_sequence::{generate, GenerateRequest};
 use common::tiny::logits_all;
 use serde_json::{json, Value};
-use treegrpo::engine::{generate, GenerateRequest, Penalties, Sampling};
+use treegrpo::engine::{Penalties, Sampling};
 use treegrpo::model::LoadedModel;
 
 const PROMPT: [u32; 6] = [40, 41, 42, 100, 101, 7];
@@ -290,4 +291,49 @@ fn rollout_options_are_refused_with_the_librarys_words() {
         let want = treegrpo::engine::SamplingError::Temperature(t as f32).to_string();
         assert!(body["error"]["message"].as_str().unwrap().contains(&want));
     }
+}
+
+/// vLLM's `min_tokens` on each generating endpoint: with the greedy first token as a
+/// stop token the choice ends at once; with `min_tokens: 5` that token is kept out of
+/// the first five, and `min_tokens` above the limit is a 400 naming it.
+#[test]
+fn min_tokens_holds_off_the_stop_tokens_on_every_endpoint() {
+    let f = serve();
+    let prompt: Vec<u32> = [40u32, 41, 42, 43].repeat(3);
+    let (greedy, _) = greedy_oracle(&f.model.model, &prompt, 8, &[]);
+    let first = greedy[0];
+    let completion = |min_tokens: u64| {
+        ok(http::post(
+            f.server.addr,
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                    "stop_token_ids": [first], "min_tokens": min_tokens,
+                    "return_token_ids": true}),
+        ))
+    };
+    let at_once = completion(0);
+    assert_eq!(ids(&at_once["choices"][0]["token_ids"]), Vec::<u32>::new());
+    assert_eq!(at_once["choices"][0]["finish_reason"], "stop");
+    let held = ids(&completion(5)["choices"][0]["token_ids"]);
+    assert!(held.len() >= 5 && !held[..5].contains(&first), "{held:?}");
+
+    // SGLang's /generate reads it from sampling_params, the same rule.
+    let native = ok(http::post(
+        f.server.addr,
+        "/generate",
+        &json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 8,
+                "temperature": 0, "stop_token_ids": [first], "min_tokens": 5}}),
+    ));
+    let native_ids = ids(&native["output_ids"]);
+    assert_eq!(
+        native_ids, held,
+        "the same generation through both endpoints"
+    );
+
+    let too_many = http::post(
+        f.server.addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 4, "min_tokens": 5}),
+    );
+    refused(too_many, "min_tokens");
 }

@@ -8,18 +8,15 @@
 
 mod common;
 
+use common::treegrpo;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use candle_core::{DType, Device};
 use common::tiny::{Flavour, TinyModel};
 use treegrpo::model::LoadedModel;
 use treegrpo::train::input::read_trajectories;
 use treegrpo::train::{LossConfig, Params, Update, UpdateConfig};
-
-fn treegrpo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_treegrpo"))
-}
 
 /// A tiny HF model (dense f32 safetensors, so the checkpoint's names and layout are
 /// the source's) in `dir/model`.

@@ -17,17 +17,15 @@
 
 mod common;
 
+use common::{run_ok, treegrpo};
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use treegrpo::closed_loop::{read_log, StepLog};
 
 /// Steps of the test's run: enough that an interrupt after step 1 lands mid-run.
 const STEPS: usize = 24;
-
-fn treegrpo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_treegrpo"))
-}
 
 /// A tiny HF model (seeded random weights, byte-level vocabulary, ChatML) in
 /// `dir/model`, with room for the calc prompt.
@@ -81,15 +79,6 @@ fn train_args_for(out: &Path, resume: bool, steps: usize) -> Vec<String> {
 }
 
 /// Runs `cmd` to the end and fails the test with its stderr unless it succeeded.
-fn run_ok(cmd: &mut Command) {
-    let output = cmd.stdout(Stdio::null()).output().unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 fn timeless(dir: &Path) -> Vec<StepLog> {
     read_log(&dir.join("log.jsonl"))
         .unwrap()

@@ -2,6 +2,10 @@
 //! forest reader's errors, the CLI on bad input, and the page in a real headless
 //! Chromium (the script runs and every node is in the rendered DOM).
 
+mod common;
+
+use common::treegrpo;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -263,10 +267,6 @@ fn read_forest_round_trips_and_names_bad_lines() {
 
     let err = read_forest(&dir.path().join("missing.jsonl")).unwrap_err();
     assert!(err.to_string().contains("missing.jsonl"), "{err}");
-}
-
-fn treegrpo() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_treegrpo"))
 }
 
 #[test]

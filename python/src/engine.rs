@@ -100,9 +100,10 @@ impl PyEngine {
     /// Generates a completion of each prompt (texts or token-id lists), all batched
     /// together; returns one `Generation` per prompt, in order.
     /// vLLM's extensions: `min_p`, `repetition_penalty`, `presence_penalty`,
-    /// `frequency_penalty`, and `logprobs=N` for each token's N most likely
-    /// alternatives (`Generation.top_logprobs`).
-    #[pyo3(signature = (prompts, max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None, *, min_p=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logprobs=0))]
+    /// `frequency_penalty`, `logprobs=N` for each token's N most likely
+    /// alternatives (`Generation.top_logprobs`), and `min_tokens` (fewest tokens
+    /// before a stop token or string may end a generation).
+    #[pyo3(signature = (prompts, max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None, *, min_p=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logprobs=0, min_tokens=0))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -119,6 +120,7 @@ impl PyEngine {
         presence_penalty: f64,
         frequency_penalty: f64,
         logprobs: usize,
+        min_tokens: usize,
     ) -> PyResult<Vec<PyGeneration>> {
         let prompts = convert::prompts(self.model(), prompts)?;
         if prompts.is_empty() {
@@ -131,6 +133,7 @@ impl PyEngine {
                 presence_penalty,
                 frequency_penalty,
                 logprobs,
+                min_tokens,
             });
         let eos = self.eos();
         let jobs: Vec<(Vec<TokenId>, GenParams)> = prompts

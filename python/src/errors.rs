@@ -60,6 +60,7 @@ pub fn engine_error(e: EngineError) -> PyErr {
         | EngineError::UnknownSequence(_)
         | EngineError::Busy(_)
         | EngineError::EmptySequence(_)
+        | EngineError::Sampling(_)
         | EngineError::NeverFits { .. }
         | EngineError::WeightShape { .. }
         | EngineError::StaleWeightVersion { .. }) => PyValueError::new_err(error_chain(&e)),

@@ -12,8 +12,8 @@ use pyo3::types::{PyList, PyString};
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::env::{EnvConfig, Environment, QaSample, Split, Task, TaskData};
 use treegrpo::rollout::{
-    run_rollout, Interrupt, Progress, RolloutRequest, RunHooks, RunOptions, Selection, TreeConfig,
-    TreeOptions,
+    run_rollout, Interrupt, Progress, RolloutRequest, RolloutResult, RunHooks, RunOptions,
+    Selection, TreeConfig, TreeOptions,
 };
 
 use crate::convert;
@@ -255,6 +255,26 @@ pub fn rollout<'py>(
         config,
         options,
     };
+    let result = run_interruptibly(py, engine, request, progress)?;
+    convert::to_python(
+        py,
+        &serde_json::json!({
+            "summary": result.summary,
+            "trajectories": result.records,
+            "forests": result.trees,
+        }),
+    )
+}
+
+/// Runs `request` on the engine, reporting to `progress` (if given) after each
+/// finished prompt. Ctrl-C stops the run (keeping its finished forests, freeing
+/// the rest), then the interrupt is raised.
+fn run_interruptibly(
+    py: Python<'_>,
+    engine: &PyEngine,
+    request: RolloutRequest,
+    progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<RolloutResult> {
     let progress = progress.map(|p| p.clone().unbind());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let interrupt: Interrupt = Box::pin(async move {
@@ -272,23 +292,13 @@ pub fn rollout<'py>(
         interrupt: Some(interrupt),
     };
     let task = runtime().spawn(run_rollout(engine.engine.clone(), request, hooks));
-    // Ctrl-C: the run stops (keeping its finished forests, freeing the rest), then
-    // the interrupt is raised.
     let (result, interrupted) = wait_stopping(py, task, move || {
         let _ = stop.send(());
     })?;
     if let Some(signal) = interrupted {
         return Err(signal);
     }
-    let result = result.map_err(rollout_error)?;
-    convert::to_python(
-        py,
-        &serde_json::json!({
-            "summary": result.summary,
-            "trajectories": result.records,
-            "forests": result.trees,
-        }),
-    )
+    result.map_err(rollout_error)
 }
 
 /// Calls the user's progress callback with a dict; its exceptions are printed, not

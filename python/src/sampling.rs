@@ -32,6 +32,8 @@ pub struct Extensions {
     pub presence_penalty: f64,
     pub frequency_penalty: f64,
     pub logprobs: usize,
+    /// vLLM's `min_tokens` (0: off).
+    pub min_tokens: usize,
 }
 
 impl Default for Extensions {
@@ -42,6 +44,7 @@ impl Default for Extensions {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logprobs: 0,
+            min_tokens: 0,
         }
     }
 }
@@ -84,21 +87,22 @@ impl SamplingArgs {
         // The engine's own checked constructors: one rule, one message everywhere.
         let x = &self.extensions;
         let sampling = Sampling::new(
-            self.temperature as f32,
+            narrow("temperature", self.temperature)?,
             self.top_k,
-            self.top_p.map(|p| p as f32),
-            x.min_p.map(|p| p as f32),
+            self.top_p.map(|p| narrow("top_p", p)).transpose()?,
+            x.min_p.map(|p| narrow("min_p", p)).transpose()?,
         )
         .map_err(|e| value_error(e.to_string()))?;
         let penalties = Penalties::new(
-            x.repetition_penalty as f32,
-            x.presence_penalty as f32,
-            x.frequency_penalty as f32,
+            narrow("repetition_penalty", x.repetition_penalty)?,
+            narrow("presence_penalty", x.presence_penalty)?,
+            narrow("frequency_penalty", x.frequency_penalty)?,
         )
         .map_err(|e| value_error(e.to_string()))?;
         let params = GenParams {
             sampling,
             max_new_tokens: self.max_tokens,
+            min_tokens: x.min_tokens,
             stop_tokens: eos.to_vec(),
             stop_strings: self.stop.clone(),
             seed: vec![self.seed.unwrap_or(default_seed), index],
@@ -158,10 +162,11 @@ impl SamplingArgs {
                 "frequency_penalty" => {
                     args.extensions.frequency_penalty = value.extract().map_err(bad)?
                 }
+                "min_tokens" => args.extensions.min_tokens = value.extract().map_err(bad)?,
                 _ => {
                     return Err(value_error(format!(
                         "sampling_params: unsupported key {key:?} (supported: max_tokens, \
-                         temperature, top_p, top_k, min_p, stop, seed, logprobs, \
+                         temperature, top_p, top_k, min_p, min_tokens, stop, seed, logprobs, \
                          repetition_penalty, presence_penalty, frequency_penalty)"
                     )))
                 }
@@ -169,6 +174,21 @@ impl SamplingArgs {
         }
         Ok(args)
     }
+}
+
+/// A Python float as the engine's f32, refused when narrowing would change what it
+/// means: a finite value that overflows to infinity, or a non-zero one that rounds
+/// to zero (`temperature=1e-50` would otherwise silently become greedy).
+pub fn narrow(name: &str, value: f64) -> PyResult<f32> {
+    let narrowed = value as f32;
+    if (value.is_finite() && !narrowed.is_finite()) || (value != 0.0 && narrowed == 0.0) {
+        return Err(value_error(format!(
+            "{name} {value:e} is outside what a 32-bit float holds ({:e} to {:e})",
+            f32::MIN_POSITIVE,
+            f32::MAX
+        )));
+    }
+    Ok(narrowed)
 }
 
 /// `stop` as a string or a list of strings.

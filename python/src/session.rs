@@ -51,7 +51,7 @@ impl Session {
     /// Generates from the session's tokens; the generated tokens become part of it.
     /// vLLM's extensions as in `Engine.generate` (the repetition penalty looks at the
     /// whole session so far).
-    #[pyo3(signature = (max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None, *, min_p=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logprobs=0))]
+    #[pyo3(signature = (max_tokens=256, temperature=0.0, top_p=None, top_k=None, stop=None, seed=None, *, min_p=None, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, logprobs=0, min_tokens=0))]
     #[allow(clippy::too_many_arguments)]
     fn generate(
         &self,
@@ -67,6 +67,7 @@ impl Session {
         presence_penalty: f64,
         frequency_penalty: f64,
         logprobs: usize,
+        min_tokens: usize,
     ) -> PyResult<PyGeneration> {
         let seq = self.id()?;
         let args = SamplingArgs::from_args(max_tokens, temperature, top_p, top_k, stop, seed)?
@@ -76,6 +77,7 @@ impl Session {
                 presence_penalty,
                 frequency_penalty,
                 logprobs,
+                min_tokens,
             });
         let model = self.engine.model().clone();
         // Each session samples on its own stream (a fork's differs from its parent's).

@@ -170,6 +170,10 @@ def test_the_gil_is_released_while_the_engine_works(engine):
         (lambda e: e.generate([PROMPT], temperature=-1.0), ValueError),
         (lambda e: e.generate([PROMPT], temperature=1.0, top_p=1.5), ValueError),
         (lambda e: e.generate([PROMPT], stop=[""]), ValueError),
+        (lambda e: e.generate([PROMPT], max_tokens=4, min_tokens=5), ValueError),
+        # Would round to 0.0 (greedy) as an f32: refused, not silently greedy.
+        (lambda e: e.generate([PROMPT], temperature=1e-50), ValueError),
+        (lambda e: e.generate([PROMPT], temperature=1e39), ValueError),
         (lambda e: e.generate(42), ValueError),
         (lambda e: e.session([]), ValueError),
         (lambda e: e.tokenizer.decode([10**9]), ValueError),
@@ -182,6 +186,24 @@ def test_bad_input_raises_and_the_engine_keeps_serving(engine, call, error):
         call(engine)
     [g] = engine.generate([PROMPT], max_tokens=2)
     assert len(g.token_ids) >= 1
+
+
+def test_min_tokens_holds_off_stop_strings_and_the_end_of_sequence(engine):
+    [free] = engine.generate([PROMPT], max_tokens=24)
+    first = engine.tokenizer.decode(free.token_ids[:1])
+    [early] = engine.generate([PROMPT], max_tokens=24, stop=[first])
+    assert len(early.token_ids) == 1 and early.finish_reason == "stop"
+    # A stop string counts only once more than min_tokens tokens are generated.
+    [held] = engine.generate([PROMPT], max_tokens=24, stop=[first], min_tokens=6)
+    assert len(held.token_ids) > 6
+    assert held.token_ids[:6] == free.token_ids[:6]  # greedy: the same choices
+    # The end-of-sequence tokens cannot be drawn before min_tokens: all 40 come.
+    [full] = engine.generate([PROMPT], max_tokens=40, min_tokens=40)
+    assert len(full.token_ids) == 40 and full.finish_reason == "length"
+    with pytest.raises(ValueError, match="min_tokens"):
+        import asyncio
+
+        asyncio.run(engine.agenerate([1, 2, 3], {"max_tokens": 2, "min_tokens": 3}))
 
 
 def test_bad_sampling_params_in_agenerate(engine):

@@ -1,7 +1,7 @@
 //! The one error type of the advantage layer: bad input, or a lookup that does
 //! not match the forest it is made in.
 
-use super::forest_view::NodeIdx;
+use super::node_idx::NodeIdx;
 
 /// Everything that can be wrong with the input, or with a lookup into it.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

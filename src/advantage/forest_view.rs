@@ -6,21 +6,8 @@
 //! the math elsewhere never has to re-check indices.
 
 use super::error::AdvantageError;
+use super::node_idx::NodeIdx;
 use serde::{Deserialize, Serialize};
-use std::fmt;
-
-/// Index of a node inside its own tree's `nodes` vector.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
-#[serde(transparent)]
-pub struct NodeIdx(pub usize);
-
-impl fmt::Display for NodeIdx {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
 
 /// One agent step of a rollout tree.
 ///

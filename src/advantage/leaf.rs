@@ -6,7 +6,8 @@
 //! Each mode combines [`group_normalize`] over those groups differently.
 
 use super::error::AdvantageError;
-use super::forest_view::{NodeIdx, PromptForest};
+use super::forest_view::PromptForest;
+use super::node_idx::NodeIdx;
 use super::stats::group_normalize;
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -27,6 +27,7 @@
 mod error;
 mod forest_view;
 mod leaf;
+mod node_idx;
 mod packed;
 mod signal;
 mod stats;
@@ -34,8 +35,9 @@ mod step_values;
 mod token;
 
 pub use error::AdvantageError;
-pub use forest_view::{CheckedTree, NodeIdx, NodeView, PromptForest, TreeView};
+pub use forest_view::{CheckedTree, NodeView, PromptForest, TreeView};
 pub use leaf::{group_advantages, leaf_advantages, AdvantageMode, LeafAdvantage, LeafAdvantages};
+pub use node_idx::NodeIdx;
 pub use packed::{packed_weights, PackedWeights};
 pub use signal::{AdvantageSignal, RewardGroup};
 pub use stats::{group_normalize, STD_EPS};

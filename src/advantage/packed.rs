@@ -6,8 +6,9 @@
 //! the sum of the advantages of the leaves below it.
 
 use super::error::AdvantageError;
-use super::forest_view::{NodeIdx, PromptForest};
+use super::forest_view::PromptForest;
 use super::leaf::{AdvantageMode, LeafAdvantages};
+use super::node_idx::NodeIdx;
 use super::token::token_advantages_for_path;
 use serde::Serialize;
 

@@ -4,7 +4,8 @@
 //! estimate of how good it is to have reached that step. A step's advantage is
 //! how much it changed that estimate, i.e. its value minus its parent's value.
 
-use super::forest_view::{NodeIdx, PromptForest};
+use super::forest_view::PromptForest;
+use super::node_idx::NodeIdx;
 use super::stats::mean;
 use serde::Serialize;
 

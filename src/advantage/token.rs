@@ -5,8 +5,9 @@
 //! (tool/environment) tokens get 0 because the policy did not produce them.
 
 use super::error::AdvantageError;
-use super::forest_view::{NodeIdx, PromptForest};
+use super::forest_view::PromptForest;
 use super::leaf::LeafAdvantages;
+use super::node_idx::NodeIdx;
 
 /// `advantage` on every `true` (model) token and 0 on every `false`
 /// (observation) token, over the concatenation of `masks` in order.

@@ -44,7 +44,7 @@ impl PrecisionFlag {
         model: treegrpo::model::LoadedModel,
     ) -> anyhow::Result<treegrpo::model::LoadedModel> {
         if self.precision == treegrpo::model::Precision::Fast
-            && !treegrpo::model::kernels::int8::vnni_available()
+            && !treegrpo::model::kernels::vnni_available()
         {
             eprintln!(
                 "note: this CPU has no AVX-512 VNNI; --precision fast runs its scalar \
@@ -242,9 +242,32 @@ pub struct SamplingFlags {
     /// Subtracted from a generated token's logit per time it came (0: off).
     #[arg(long, default_value_t = 0.0)]
     frequency_penalty: f32,
+    /// Fewest tokens before the generation may stop (vLLM's min_tokens; 0: off).
+    #[arg(long, default_value_t = 0)]
+    min_tokens: usize,
 }
 
 impl SamplingFlags {
+    /// The engine's params for `max_tokens` tokens seeded by `seed`, ending at
+    /// `stop_tokens`, checked by the rule every way in shares.
+    pub fn gen_params(
+        &self,
+        max_tokens: usize,
+        seed: u64,
+        stop_tokens: Vec<treegrpo::model::TokenId>,
+    ) -> Result<treegrpo::engine::GenParams, treegrpo::engine::SamplingError> {
+        let params = treegrpo::engine::GenParams {
+            sampling: self.sampling()?,
+            penalties: self.penalties()?,
+            min_tokens: self.min_tokens,
+            stop_tokens,
+            seed: vec![seed],
+            ..treegrpo::engine::GenParams::greedy(max_tokens)
+        };
+        params.validate()?;
+        Ok(params)
+    }
+
     pub fn sampling(&self) -> Result<treegrpo::engine::Sampling, treegrpo::engine::SamplingError> {
         treegrpo::engine::Sampling::new(
             self.temperature.unwrap_or(0.0),

@@ -1,10 +1,11 @@
 //! `treegrpo generate`: one prompt in, its completion on stdout, timings on stderr.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
-use treegrpo::engine::{generate, GenParams, GenerateRequest};
+use treegrpo::engine::{EngineConfig, EngineCore};
 use treegrpo::model::ChatMessage;
 
 #[derive(Debug, Args)]
@@ -32,38 +33,35 @@ pub struct GenerateArgs {
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     // The options first, by the rule every way in shares (before the model loads).
-    let sampling = a.sampling.sampling()?;
-    let penalties = a.sampling.penalties()?;
-    GenParams {
-        sampling,
-        penalties,
-        ..GenParams::greedy(a.max_tokens)
-    }
-    .validate()?;
-    let m = a.precision.apply(super::load_model(a.model.as_deref())?)?;
+    a.sampling.gen_params(a.max_tokens, a.seed, Vec::new())?;
+    let m = Arc::new(a.precision.apply(super::load_model(a.model.as_deref())?)?);
     let prompt = if a.raw {
         m.tokenizer.encode_prompt(&a.prompt)?
     } else {
         m.chat_prompt(&[ChatMessage::new("user", a.prompt.clone())])?
     };
-    let req = GenerateRequest {
-        prompt: prompt.clone(),
-        max_new_tokens: a.max_tokens,
-        sampling,
-        seed: a.seed,
-        stop_tokens: m.tokenizer.eos_ids().to_vec(),
-        prefill_chunk: 512,
-        penalties,
-    };
+    let params = a
+        .sampling
+        .gen_params(a.max_tokens, a.seed, m.tokenizer.eos_ids().to_vec())?;
     let t0 = Instant::now();
-    let out = generate(&m.model, &req)?;
+    // The engine's one generation loop, with a single sequence: the same tokens as
+    // in any batch (each row's arithmetic is fixed, the draw seeded by the params).
+    let mut core = EngineCore::new(m.clone(), EngineConfig::default())?;
+    let seq = core.add_sequence(&prompt)?;
+    core.generate(seq, params)?;
+    core.run_until_idle()?;
+    let out = core
+        .take_finished()
+        .into_iter()
+        .find(|(s, _)| *s == seq)
+        .map(|(_, g)| g)
+        .ok_or_else(|| anyhow::anyhow!("the engine finished without the generation"))??;
     let secs = t0.elapsed().as_secs_f64();
-    let ids: Vec<u32> = out.tokens.iter().map(|t| t.token).collect();
-    println!("{}", m.tokenizer.decode(&ids)?);
+    println!("{}", m.tokenizer.decode(&out.tokens)?);
     eprintln!(
         "[{} prompt tokens, {} generated in {:.2}s, stop: {:?}]",
         prompt.len(),
-        ids.len(),
+        out.tokens.len(),
         secs,
         out.stop
     );

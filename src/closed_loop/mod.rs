@@ -11,7 +11,9 @@
 //!   refuse, overwrite).
 //! - [`record`]: the run records, `run.json` and the warm-start's, as typed structs.
 //! - [`run`]: the training loop — step prompts and seeds, rollout, update, weight swap,
-//!   evaluation, checkpoints with the loop's state, resume, stop signal.
+//!   evaluation, checkpoints with the loop's state, resume.
+//! - `events`: what the loop reports as it runs ([`LoopEvent`]), its stop signal, and
+//!   the hooks a step's rollout waves report through.
 //! - [`step_rollout`]: a step's rollouts, in waves under a computed-token budget.
 //! - [`eval`]: greedy mean reward on held-out prompts, and each question's.
 //! - [`samples`]: trajectories as the update's samples.
@@ -21,6 +23,7 @@
 pub mod config;
 pub mod error;
 pub mod eval;
+mod events;
 pub mod folder;
 pub mod log;
 pub mod record;

@@ -13,29 +13,31 @@
 //! `serve_format`; the log's `weight_version` is the version that sampled the step's
 //! rollouts.
 
-use std::path::{Path, PathBuf};
+use std::ops::ControlFlow;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 
 use super::config::LoopConfig;
 use super::error::LoopError;
 use super::eval::{evaluate, Evaluation};
+use super::events::{emit, wave_hooks, SharedEvents};
+// The loop's events and stop signal are defined in `events`; callers name them here.
+pub use super::events::{EventFn, LoopEvent, StopSignal};
 use super::folder::{checkpoint_dir, prepare_fresh_folder, reference_dir, resumable};
 use super::log::{LogFile, StepLog};
 use super::record::{RunRecord, RunSource};
 use super::samples::{train_sample, BoostedTokens};
-use super::step_rollout::{step_allowance, step_rollouts, StepRequest, WaveStart};
+use super::step_rollout::{step_allowance, step_rollouts, StepRequest, StepRollouts, WaveStart};
 use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::model::{LoadedModel, Model};
 use crate::rollout::export::TrajectoryRecord;
-use crate::rollout::{Progress, RunHooks};
 use crate::train::{
     fill_reference_logprobs, restore_weights, save_checkpoint, CheckpointExtras, KlReference,
-    Optimizer, Params, TrainSample, Update, UpdateProgress,
+    Optimizer, Params, TrainSample, Update, UpdateMetrics,
 };
 
 /// What `loop_state.json` in a checkpoint records.
@@ -50,76 +52,6 @@ pub struct LoopState {
     /// served as version `base_version + s`.
     #[serde(default)]
     pub base_version: u64,
-}
-
-/// Something the loop reports while it runs (for progress displays).
-#[derive(Debug)]
-pub enum LoopEvent<'a> {
-    /// A wave of step `step`'s rollouts started (`prompts_done` 0), or one of its
-    /// prompts finished. A budgeted step runs several waves, each counting from 0.
-    Rollout {
-        /// The step whose rollouts are running (1-based).
-        step: u64,
-        /// The step's wave (1-based; see [`crate::closed_loop::step_rollout`]).
-        wave: usize,
-        /// Prompts done so far, rollouts and tokens, seconds, within the wave.
-        progress: Progress,
-    },
-    /// A micro-batch of step `step`'s update finished.
-    Update {
-        /// The step whose update is running.
-        step: u64,
-        /// Micro-batches and rows done so far.
-        progress: UpdateProgress,
-    },
-    /// Evaluation after step `step` (0: before training) starts.
-    Evaluating {
-        /// The step just finished (0: before the first update).
-        step: u64,
-    },
-    /// Step `step` is done and logged.
-    Step(&'a StepLog),
-    /// A checkpoint was written.
-    Checkpoint {
-        /// The last step whose update the checkpoint holds.
-        step: u64,
-        /// The checkpoint folder (the run folder's `checkpoint/`).
-        dir: &'a Path,
-    },
-}
-
-/// A callback for [`LoopEvent`]s; called from the rollout's task too, hence `Send`.
-pub type EventFn = Box<dyn FnMut(LoopEvent<'_>) + Send>;
-
-/// Raised (by a SIGINT handler, say) to stop the loop at the next point where stopping
-/// loses nothing: a step in progress is abandoned, never logged, and the last
-/// checkpoint and the log stay as they were.
-#[derive(Debug)]
-pub struct StopSignal(watch::Sender<bool>);
-
-impl Default for StopSignal {
-    fn default() -> Self {
-        StopSignal(watch::channel(false).0)
-    }
-}
-
-impl StopSignal {
-    /// Asks the loop to stop; it does so at its next safe point. Raising twice is the
-    /// same as once.
-    pub fn raise(&self) {
-        self.0.send_replace(true);
-    }
-
-    /// Whether [`Self::raise`] has been called.
-    pub fn is_raised(&self) -> bool {
-        *self.0.borrow()
-    }
-
-    /// Resolves once raised.
-    pub async fn raised(&self) {
-        let mut rx = self.0.subscribe();
-        let _ = rx.wait_for(|v| *v).await;
-    }
 }
 
 /// How a loop run ended.
@@ -425,168 +357,208 @@ impl TrainRun {
             prepare_fresh_folder(&self.out, self.overwrite)?;
             self.log = Some(LogFile::create_new(&self.out)?);
         }
-        let events = Arc::new(Mutex::new(on_event));
-        let emit = |e: LoopEvent<'_>| (events.lock().expect("an event callback panicked"))(e);
+        let events: SharedEvents = Arc::new(Mutex::new(on_event));
         if self.state.step == 0 && self.logged.is_empty() {
-            if let Some(record) = self.record() {
-                record.write(&self.out)?;
+            if let ControlFlow::Break(outcome) = self.start_fresh(&stop, &events).await? {
+                return Ok(outcome);
             }
-            self.state.base_version = self.engine.stats().await?.weight_version;
-            if let Some(reference) = &self.reference {
-                save_checkpoint(
-                    &reference_dir(&self.out),
-                    reference,
-                    CheckpointExtras {
-                        tokenizer: &self.model.tokenizer,
-                        chat_template: self.model.chat_template.as_ref(),
-                        optimizer: None,
-                        loop_state: None,
-                    },
-                )?;
-            }
-            let eval = if self.config.eval_before {
-                emit(LoopEvent::Evaluating { step: 0 });
-                self.evaluate().await?
-            } else {
-                None
-            };
-            if stop.is_raised() {
-                return Ok(LoopOutcome::Interrupted { completed: 0 });
-            }
-            let line = StepLog::before_training(self.state.base_version, eval.as_ref());
-            emit(LoopEvent::Step(&line));
-            self.append(line)?;
         }
         while self.state.step < self.config.steps {
             let step = self.state.step + 1;
             if stop.is_raised() {
-                return Ok(LoopOutcome::Interrupted {
-                    completed: self.state.step,
-                });
+                return Ok(self.interrupted());
             }
-            let version = self.engine.stats().await?.weight_version;
-
-            // Rollouts from the policy the engine serves.
-            let t0 = Instant::now();
-            let mut tree = self.config.tree.clone();
-            tree.seed = step_seed(self.config.tree.seed, step);
-            let samples = step_samples(&self.train, step, self.config.prompts_per_step);
-            let request = StepRequest {
-                engine: &self.engine,
-                env: &self.env,
-                samples,
-                tree,
-                advantage: self.config.advantage,
-                concurrent_prompts: self.config.concurrent_prompts,
-                budget: self
-                    .config
-                    .step_budget
-                    .map(|budget| step_allowance(budget, step, self.state.cumulative_computed)),
-            };
-            let mut hooks = |start: WaveStart| {
-                let wave = start.wave;
-                (events.lock().expect("an event callback panicked"))(LoopEvent::Rollout {
-                    step,
-                    wave,
-                    progress: Progress {
-                        prompts_done: 0,
-                        prompts: start.prompts,
-                        rollouts: 0,
-                        computed_tokens: 0,
-                        seconds: 0.0,
-                    },
-                });
-                let progress_events = events.clone();
-                let stop_rollout = stop.clone();
-                RunHooks {
-                    output: None,
-                    progress: Some(Box::new(move |progress| {
-                        (progress_events.lock().expect("an event callback panicked"))(
-                            LoopEvent::Rollout {
-                                step,
-                                wave,
-                                progress,
-                            },
-                        )
-                    })),
-                    interrupt: Some(Box::pin(async move { stop_rollout.raised().await })),
-                }
-            };
-            let result = step_rollouts(request, &mut hooks).await?;
-            if result.interrupted || stop.is_raised() {
-                return Ok(LoopOutcome::Interrupted {
-                    completed: self.state.step,
-                });
-            }
-            let rollout_seconds = t0.elapsed().as_secs_f64();
-
-            // One update on them (after the frozen reference scored them, if kept).
-            let mut samples = train_samples(&result.records, self.config.boosted_tokens);
-            let mut update_cfg = self.config.update;
-            update_cfg.temperature = self.config.tree.sampling.logprob_temperature();
-            let t_reference = Instant::now();
-            if let Some(reference) = &self.reference {
-                tokio::task::block_in_place(|| {
-                    fill_reference_logprobs(reference, &mut samples, &update_cfg)
-                })?;
-            }
-            let reference_seconds = t_reference.elapsed().as_secs_f64();
-            // Taken, not cloned: the weights change in the update, and the engine
-            // holds the model until the swap below replaces it.
-            let served = self.served.lock().unwrap_or_else(|p| p.into_inner()).take();
-            let mut metrics = {
-                let (params, optimizer) = (&self.params, &mut self.optimizer);
-                let mut on_progress = |progress| emit(LoopEvent::Update { step, progress });
-                // The update is CPU work on this thread; the runtime's other workers
-                // keep serving (nothing else runs during it).
-                tokio::task::block_in_place(|| {
-                    Update::new(params, &samples, &update_cfg)
-                        .serving(served.as_ref())
-                        .reporting(&mut on_progress)
-                        .step(optimizer)
-                })?
-            };
-            drop(served);
-            // The log's update time includes the reference's forward.
-            metrics.seconds += reference_seconds;
-            if stop.is_raised() {
-                return Ok(LoopOutcome::Interrupted {
-                    completed: self.state.step,
-                });
-            }
-            self.serve(step).await?;
-
-            let before = self.state.cumulative_computed;
-            let after = before + result.computed;
-            let eval = if self.wants_eval(step, before, after) {
-                emit(LoopEvent::Evaluating { step });
-                self.evaluate().await?
-            } else {
-                None
-            };
-            self.state = LoopState {
-                step,
-                cumulative_computed: after,
-                ..self.state
-            };
-            let line = StepLog::after_step(
-                step,
-                version,
-                &result,
-                &metrics,
-                self.state.cumulative_computed,
-                rollout_seconds,
-                eval.as_ref(),
-            );
-            emit(LoopEvent::Step(&line));
-            self.append(line)?;
-            if self.wants_checkpoint(step) {
-                let dir = self.checkpoint()?;
-                emit(LoopEvent::Checkpoint { step, dir: &dir });
+            if let ControlFlow::Break(outcome) = self.run_step(step, &stop, &events).await? {
+                return Ok(outcome);
             }
         }
         Ok(LoopOutcome::Finished {
             steps: self.state.step,
         })
+    }
+
+    /// The stop signal's outcome between steps or during one: the step in progress is
+    /// lost, the finished ones stand.
+    fn interrupted(&self) -> LoopOutcome {
+        LoopOutcome::Interrupted {
+            completed: self.state.step,
+        }
+    }
+
+    /// A fresh run's start: its record, the engine's weight version as the base, the
+    /// frozen reference's weights saved, the evaluation before training (if asked for)
+    /// and the log's first line. Breaks with the outcome when stopped during it.
+    async fn start_fresh(
+        &mut self,
+        stop: &StopSignal,
+        events: &SharedEvents,
+    ) -> Result<ControlFlow<LoopOutcome>, LoopError> {
+        if let Some(record) = self.record() {
+            record.write(&self.out)?;
+        }
+        self.state.base_version = self.engine.stats().await?.weight_version;
+        if let Some(reference) = &self.reference {
+            save_checkpoint(
+                &reference_dir(&self.out),
+                reference,
+                CheckpointExtras {
+                    tokenizer: &self.model.tokenizer,
+                    chat_template: self.model.chat_template.as_ref(),
+                    optimizer: None,
+                    loop_state: None,
+                },
+            )?;
+        }
+        let eval = if self.config.eval_before {
+            emit(events, LoopEvent::Evaluating { step: 0 });
+            self.evaluate().await?
+        } else {
+            None
+        };
+        if stop.is_raised() {
+            return Ok(ControlFlow::Break(LoopOutcome::Interrupted {
+                completed: 0,
+            }));
+        }
+        let line = StepLog::before_training(self.state.base_version, eval.as_ref());
+        emit(events, LoopEvent::Step(&line));
+        self.append(line)?;
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Step `step`: rollouts from the policy the engine serves, one update on them,
+    /// the updated weights swapped in, then evaluation, log line and checkpoint as
+    /// due. Breaks with the outcome when the stop signal loses the step.
+    async fn run_step(
+        &mut self,
+        step: u64,
+        stop: &Arc<StopSignal>,
+        events: &SharedEvents,
+    ) -> Result<ControlFlow<LoopOutcome>, LoopError> {
+        let version = self.engine.stats().await?.weight_version;
+        let t0 = Instant::now();
+        let result = self.sample_rollouts(step, stop, events).await?;
+        if result.interrupted || stop.is_raised() {
+            return Ok(ControlFlow::Break(self.interrupted()));
+        }
+        let rollout_seconds = t0.elapsed().as_secs_f64();
+        let metrics = self.update(step, &result, events)?;
+        if stop.is_raised() {
+            return Ok(ControlFlow::Break(self.interrupted()));
+        }
+        self.serve(step).await?;
+        self.finish_step(step, version, &result, &metrics, rollout_seconds, events)
+            .await?;
+        Ok(ControlFlow::Continue(()))
+    }
+
+    /// Step `step`'s rollouts: its prompts under its own seed, within its share of
+    /// the run's token budget (if any), each wave reporting to `events` and stopping
+    /// on `stop`.
+    async fn sample_rollouts(
+        &self,
+        step: u64,
+        stop: &Arc<StopSignal>,
+        events: &SharedEvents,
+    ) -> Result<StepRollouts, LoopError> {
+        let mut tree = self.config.tree.clone();
+        tree.seed = step_seed(self.config.tree.seed, step);
+        let samples = step_samples(&self.train, step, self.config.prompts_per_step);
+        let request = StepRequest {
+            engine: &self.engine,
+            env: &self.env,
+            samples,
+            tree,
+            advantage: self.config.advantage,
+            concurrent_prompts: self.config.concurrent_prompts,
+            budget: self
+                .config
+                .step_budget
+                .map(|budget| step_allowance(budget, step, self.state.cumulative_computed)),
+        };
+        let mut hooks = |start: WaveStart| wave_hooks(step, start, events, stop);
+        step_rollouts(request, &mut hooks).await
+    }
+
+    /// One update on the step's rollouts (after the frozen reference scored them, if
+    /// kept), its progress reported to `events`; the metrics' time includes the
+    /// reference's forward.
+    fn update(
+        &mut self,
+        step: u64,
+        result: &StepRollouts,
+        events: &SharedEvents,
+    ) -> Result<UpdateMetrics, LoopError> {
+        let mut samples = train_samples(&result.records, self.config.boosted_tokens);
+        let mut update_cfg = self.config.update;
+        update_cfg.temperature = self.config.tree.sampling.logprob_temperature();
+        let t_reference = Instant::now();
+        if let Some(reference) = &self.reference {
+            tokio::task::block_in_place(|| {
+                fill_reference_logprobs(reference, &mut samples, &update_cfg)
+            })?;
+        }
+        let reference_seconds = t_reference.elapsed().as_secs_f64();
+        // Taken, not cloned: the weights change in the update, and the engine
+        // holds the model until `serve` swaps the updated weights in.
+        let served = self.served.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let mut metrics = {
+            let (params, optimizer) = (&self.params, &mut self.optimizer);
+            let mut on_progress = |progress| emit(events, LoopEvent::Update { step, progress });
+            // The update is CPU work on this thread; the runtime's other workers
+            // keep serving (nothing else runs during it).
+            tokio::task::block_in_place(|| {
+                Update::new(params, &samples, &update_cfg)
+                    .serving(served.as_ref())
+                    .reporting(&mut on_progress)
+                    .step(optimizer)
+            })?
+        };
+        drop(served);
+        metrics.seconds += reference_seconds;
+        Ok(metrics)
+    }
+
+    /// Ends step `step` once its weights are served: the evaluation if due, the loop's
+    /// state moved on, the step's log line (`version` sampled its rollouts, in
+    /// `rollout_seconds`), and the checkpoint if due.
+    async fn finish_step(
+        &mut self,
+        step: u64,
+        version: u64,
+        result: &StepRollouts,
+        metrics: &UpdateMetrics,
+        rollout_seconds: f64,
+        events: &SharedEvents,
+    ) -> Result<(), LoopError> {
+        let before = self.state.cumulative_computed;
+        let after = before + result.computed;
+        let eval = if self.wants_eval(step, before, after) {
+            emit(events, LoopEvent::Evaluating { step });
+            self.evaluate().await?
+        } else {
+            None
+        };
+        self.state = LoopState {
+            step,
+            cumulative_computed: after,
+            ..self.state
+        };
+        let line = StepLog::after_step(
+            step,
+            version,
+            result,
+            metrics,
+            self.state.cumulative_computed,
+            rollout_seconds,
+            eval.as_ref(),
+        );
+        emit(events, LoopEvent::Step(&line));
+        self.append(line)?;
+        if self.wants_checkpoint(step) {
+            let dir = self.checkpoint()?;
+            emit(events, LoopEvent::Checkpoint { step, dir: &dir });
+        }
+        Ok(())
     }
 }

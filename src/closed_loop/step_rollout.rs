@@ -32,7 +32,8 @@ use crate::engine::{Engine, SeqRng};
 use crate::env::{Environment, QaSample};
 use crate::rollout::export::TrajectoryRecord;
 use crate::rollout::{
-    run_rollout, BranchingStats, RolloutRequest, RunHooks, RunOptions, Tree, TreeConfig,
+    run_rollout, BranchingStats, RolloutRequest, RolloutResult, RunHooks, RunOptions, Tree,
+    TreeConfig,
 };
 
 /// Most waves a budgeted step runs (the planner converges in two or three).
@@ -231,111 +232,166 @@ pub async fn step_rollouts(
     hooks: &mut WaveHooks<'_>,
 ) -> Result<StepRollouts, LoopError> {
     let n = req.samples.len();
-    let index: HashMap<String, usize> = req
-        .samples
-        .iter()
-        .enumerate()
-        .map(|(i, s)| (s.id.to_string(), i))
-        .collect();
-    let mut per_prompt: Vec<Vec<TrajectoryRecord>> = vec![Vec::new(); n];
-    let mut trees_of: Vec<Vec<Tree>> = vec![Vec::new(); n];
-    let mut out = StepRollouts {
-        records: Vec::new(),
-        trees: Vec::new(),
-        computed: 0,
-        prefilled: 0,
-        decoded: 0,
-        reused: 0,
-        prompt_ids: req.samples.iter().map(|s| s.id.to_string()).collect(),
-        trees_per_prompt: vec![0; n],
-        waves: 0,
-        interrupted: false,
-    };
+    let mut gathered = GatheredWaves::new(&req.samples);
     if req.budget.is_some() {
         // What a budgeted step computes decides its waves: it starts from an empty
         // prefix cache, so that does not depend on what ran before it (an evaluation
         // whose prompts share the system prompt, or none after a resume).
         req.engine.clear_prefix_cache().await?;
     }
-    // Under a budget the first wave is one tree a prompt: the budget, not the
-    // configured M, decides how many each prompt gets, and a wide shape cannot
-    // overspend it in its first wave.
+    let mut wave = Some(first_wave(&req));
+    while let Some(w) = wave {
+        let result = run_wave(&req, w, gathered.out.waves, hooks).await?;
+        gathered.out.waves += 1;
+        if result.summary.interrupted {
+            gathered.out.interrupted = true;
+            return Ok(gathered.out);
+        }
+        gathered.add(result, w);
+        let grown: usize = gathered.out.trees_per_prompt.iter().sum();
+        wave = match req.budget {
+            Some(budget) if gathered.out.waves < MAX_WAVES => {
+                next_wave(budget, gathered.out.computed, grown, n)
+            }
+            _ => None,
+        };
+    }
+    Ok(gathered.finish(req.advantage))
+}
+
+/// The step's first wave, on every prompt. Under a budget it is one tree a prompt:
+/// the budget, not the configured M, decides how many each prompt gets, and a wide
+/// shape cannot overspend it in its first wave.
+fn first_wave(req: &StepRequest<'_>) -> Wave {
     let first = if req.budget.is_some() {
         1
     } else {
         req.tree.shape.trees
     };
-    let mut wave = Some(Wave {
-        prompts: n,
+    Wave {
+        prompts: req.samples.len(),
         trees: first,
-    });
-    while let Some(w) = wave {
-        let mut tree = req.tree.clone();
-        tree.shape.trees = w.trees;
-        if out.waves > 0 {
-            // A stream of its own per wave: wave 1 keeps the step's seed.
-            tree.seed =
-                SeqRng::from_parts(&[req.tree.seed, out.waves as u64, 0x7761_7665]).next_u64();
-        }
-        let request = RolloutRequest {
-            env: req.env.clone(),
-            samples: req.samples[..w.prompts].to_vec(),
-            config: tree,
-            options: RunOptions {
-                advantage: req.advantage,
-                token_budget: None,
-                max_concurrent_prompts: req.concurrent_prompts,
-                prompt_offset: 0,
+    }
+}
+
+/// Runs wave `w` after `waves_before` waves: `w.trees` trees on each of the first
+/// `w.prompts` prompts, with the hooks `hooks` gives it.
+async fn run_wave(
+    req: &StepRequest<'_>,
+    w: Wave,
+    waves_before: usize,
+    hooks: &mut WaveHooks<'_>,
+) -> Result<RolloutResult, LoopError> {
+    let mut tree = req.tree.clone();
+    tree.shape.trees = w.trees;
+    if waves_before > 0 {
+        // A stream of its own per wave: wave 1 keeps the step's seed.
+        tree.seed =
+            SeqRng::from_parts(&[req.tree.seed, waves_before as u64, 0x7761_7665]).next_u64();
+    }
+    let request = RolloutRequest {
+        env: req.env.clone(),
+        samples: req.samples[..w.prompts].to_vec(),
+        config: tree,
+        options: RunOptions {
+            advantage: req.advantage,
+            token_budget: None,
+            max_concurrent_prompts: req.concurrent_prompts,
+            prompt_offset: 0,
+        },
+    };
+    let result = run_rollout(
+        req.engine.clone(),
+        request,
+        hooks(WaveStart {
+            wave: waves_before + 1,
+            prompts: w.prompts,
+        }),
+    )
+    .await?;
+    Ok(result)
+}
+
+/// The waves' results gathered so far, per prompt so that a prompt's trees from every
+/// wave end up together, in prompt order.
+struct GatheredWaves {
+    /// Where each prompt (by id) sits among the step's prompts.
+    index: HashMap<String, usize>,
+    /// Each prompt's records, wave after wave.
+    records: Vec<Vec<TrajectoryRecord>>,
+    /// Each prompt's trees, wave after wave.
+    trees: Vec<Vec<Tree>>,
+    /// The step's figures so far; its records and trees are filled in by
+    /// [`Self::finish`].
+    out: StepRollouts,
+}
+
+impl GatheredWaves {
+    /// Nothing gathered yet for `samples`, the step's prompts.
+    fn new(samples: &[QaSample]) -> Self {
+        let n = samples.len();
+        GatheredWaves {
+            index: samples
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.id.to_string(), i))
+                .collect(),
+            records: vec![Vec::new(); n],
+            trees: vec![Vec::new(); n],
+            out: StepRollouts {
+                records: Vec::new(),
+                trees: Vec::new(),
+                computed: 0,
+                prefilled: 0,
+                decoded: 0,
+                reused: 0,
+                prompt_ids: samples.iter().map(|s| s.id.to_string()).collect(),
+                trees_per_prompt: vec![0; n],
+                waves: 0,
+                interrupted: false,
             },
-        };
-        let result = run_rollout(
-            req.engine.clone(),
-            request,
-            hooks(WaveStart {
-                wave: out.waves + 1,
-                prompts: w.prompts,
-            }),
-        )
-        .await?;
-        out.waves += 1;
-        if result.summary.interrupted {
-            out.interrupted = true;
-            return Ok(out);
         }
+    }
+
+    /// Adds wave `w`'s finished result: its tokens to the step's, and its records and
+    /// trees to their prompts', tree ids numbered on from the prompt's earlier waves.
+    fn add(&mut self, result: RolloutResult, w: Wave) {
+        let out = &mut self.out;
         let t = &result.summary.tokens;
         out.computed += t.computed;
         out.prefilled += t.prompt_prefilled + t.observation_prefilled;
         out.decoded += t.decoded;
         out.reused += t.reused;
         for mut r in result.records {
-            let Some(&p) = index.get(&r.prompt_uid) else {
+            let Some(&p) = self.index.get(&r.prompt_uid) else {
                 continue;
             };
             r.tree_id += out.trees_per_prompt[p];
-            per_prompt[p].push(r);
+            self.records[p].push(r);
         }
         for mut t in result.trees {
-            let Some(&p) = index.get(&t.prompt_uid) else {
+            let Some(&p) = self.index.get(&t.prompt_uid) else {
                 continue;
             };
             t.tree_id += out.trees_per_prompt[p];
-            trees_of[p].push(t);
+            self.trees[p].push(t);
         }
         for count in &mut out.trees_per_prompt[..w.prompts] {
             *count += w.trees;
         }
-        let grown: usize = out.trees_per_prompt.iter().sum();
-        wave = match req.budget {
-            Some(budget) if out.waves < MAX_WAVES => next_wave(budget, out.computed, grown, n),
-            _ => None,
-        };
     }
-    out.records = per_prompt.into_iter().flatten().collect();
-    out.trees = trees_of.into_iter().flatten().collect();
-    if out.waves > 1 {
-        readvantage(&mut out.records, req.advantage);
+
+    /// The step's rollouts, prompt by prompt; after several waves every advantage is
+    /// recomputed under `advantage` over its prompt's whole group.
+    fn finish(self, advantage: AdvantageMode) -> StepRollouts {
+        let mut out = self.out;
+        out.records = self.records.into_iter().flatten().collect();
+        out.trees = self.trees.into_iter().flatten().collect();
+        if out.waves > 1 {
+            readvantage(&mut out.records, advantage);
+        }
+        out
     }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -87,6 +87,17 @@ fn against_chain(r: &mut String, plan: &ComparePlan, s: &Summary) {
 /// The report's Markdown.
 pub fn report(plan: &ComparePlan, s: &Summary) -> String {
     let mut r = String::new();
+    regime(&mut r, plan, s);
+    final_eval_table(&mut r, plan, s);
+    against_chain(&mut r, plan, s);
+    signal_table(&mut r, plan, s);
+    fork_table(&mut r, plan, s);
+    r
+}
+
+/// The title and the paragraph on the regime every arm ran in (weights, budget,
+/// prompts, steps, sampling), then the plot.
+fn regime(r: &mut String, plan: &ComparePlan, s: &Summary) {
     let _ = writeln!(r, "# Learning comparison: {}\n", s.task);
     let _ = writeln!(
         r,
@@ -108,6 +119,11 @@ pub fn report(plan: &ComparePlan, s: &Summary) -> String {
         100.0 * s.budget_spread
     );
     let _ = writeln!(r, "![eval reward against computed tokens](eval.svg)\n");
+}
+
+/// The table of final eval rewards per arm (mean ± std and per seed) with the
+/// computed tokens and rollouts per step each arm spent.
+fn final_eval_table(r: &mut String, plan: &ComparePlan, s: &Summary) {
     let _ = writeln!(
         r,
         "| arm | seeds | final eval (mean ± std) | per seed | computed tokens (mean) | rollouts / step |"
@@ -134,7 +150,11 @@ pub fn report(plan: &ComparePlan, s: &Summary) -> String {
             rollouts
         );
     }
-    against_chain(&mut r, plan, s);
+}
+
+/// The per-step learning-signal table (reward, rollouts, mixed shares, mean
+/// |intra| and |inter| advantage) for every arm.
+fn signal_table(r: &mut String, plan: &ComparePlan, s: &Summary) {
     let _ = writeln!(r, "\n## Learning signal per step (mean over seeds)\n");
     let _ = writeln!(
         r,
@@ -166,54 +186,59 @@ pub fn report(plan: &ComparePlan, s: &Summary) -> String {
             );
         }
     }
+}
+
+/// The per-step table of where the branches fork, for the arms whose steps record
+/// a fork depth (tree arms); nothing when no arm does.
+fn fork_table(r: &mut String, plan: &ComparePlan, s: &Summary) {
     let branched: Vec<_> = plan
         .arms
         .iter()
         .filter_map(|arm| s.arms.get(arm.name()).map(|a| (arm, a)))
         .filter(|(_, a)| a.steps.iter().any(|st| st.fork_depth_mean.is_some()))
         .collect();
-    if !branched.is_empty() {
-        let _ = writeln!(
-            r,
-            "\n## Where the branches fork (tree arms, mean over seeds)\n"
-        );
-        let _ = writeln!(
-            r,
-            "Fork depth: agent steps the branches share before they part; own tokens: the \
-             share of a leaf's response after the longest prefix it shares with a sibling; \
-             same answer: the share of sibling pairs that gave the same final answer (such \
-             pairs earn the same reward, so give no intra-tree credit); identical: the share of \
-             leaves equal to a sibling token for token (a tree of identical leaves is a \
-             chain that cost less); other calls, other observations: the share of sibling \
-             pairs whose tool calls (tool and query), or the observations they got, differ \
-             (branches that see the same observations explored nothing; – in logs before \
-             they were recorded).\n"
-        );
-        let _ = writeln!(
-            r,
-            "| arm | step | fork depth | leaf depth | own tokens | same answer | identical \
-             | other calls | other observations |"
-        );
-        let _ = writeln!(r, "|---|---|---|---|---|---|---|---|---|");
-        for (arm, a) in branched {
-            for st in &a.steps {
-                let _ = writeln!(
-                    r,
-                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                    arm.name(),
-                    st.step,
-                    opt(st.fork_depth_mean),
-                    opt(st.leaf_depth_mean),
-                    opt(st.own_token_share),
-                    opt(st.answer_agreement),
-                    opt(st.identical_leaf_share),
-                    opt(st.tool_calls_differ_share),
-                    opt(st.observations_differ_share)
-                );
-            }
+    if branched.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        r,
+        "\n## Where the branches fork (tree arms, mean over seeds)\n"
+    );
+    let _ = writeln!(
+        r,
+        "Fork depth: agent steps the branches share before they part; own tokens: the \
+         share of a leaf's response after the longest prefix it shares with a sibling; \
+         same answer: the share of sibling pairs that gave the same final answer (such \
+         pairs earn the same reward, so give no intra-tree credit); identical: the share of \
+         leaves equal to a sibling token for token (a tree of identical leaves is a \
+         chain that cost less); other calls, other observations: the share of sibling \
+         pairs whose tool calls (tool and query), or the observations they got, differ \
+         (branches that see the same observations explored nothing; – in logs before \
+         they were recorded).\n"
+    );
+    let _ = writeln!(
+        r,
+        "| arm | step | fork depth | leaf depth | own tokens | same answer | identical \
+         | other calls | other observations |"
+    );
+    let _ = writeln!(r, "|---|---|---|---|---|---|---|---|---|");
+    for (arm, a) in branched {
+        for st in &a.steps {
+            let _ = writeln!(
+                r,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                arm.name(),
+                st.step,
+                opt(st.fork_depth_mean),
+                opt(st.leaf_depth_mean),
+                opt(st.own_token_share),
+                opt(st.answer_agreement),
+                opt(st.identical_leaf_share),
+                opt(st.tool_calls_differ_share),
+                opt(st.observations_differ_share)
+            );
         }
     }
-    r
 }
 
 /// Writes `summary.json`, `eval.svg` and `report.md` into `out`.

@@ -16,6 +16,11 @@ pub enum EngineError {
     /// the model error itself.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// The generation parameters are out of range (the rule of
+    /// [`GenParams::validate`](super::GenParams::validate), which every way in
+    /// applies first: the engine checks again what it is handed).
+    #[error(transparent)]
+    Sampling(#[from] super::sampling_error::SamplingError),
     /// A KV-cache operation failed outside the scheduler's own recovery (an unknown
     /// sequence or pin in the cache, a broken invariant); shown as the KV error itself.
     #[error(transparent)]
@@ -185,6 +190,7 @@ impl EngineError {
             }
             Model(_) | Task { .. } | Spawn(_) | StepLog { .. } => return None,
             Kv(e) => Kv(e.clone()),
+            Sampling(e) => Sampling(*e),
             UnknownSequence(s) => UnknownSequence(*s),
             Busy(s) => Busy(*s),
             EmptySequence(s) => EmptySequence(*s),

@@ -3,10 +3,11 @@
 
 use std::sync::Mutex;
 
-use super::core::{EngineCore, GenState, Generation};
+use super::core::EngineCore;
 use super::error::EngineError;
 use super::rng::SeqRng;
 use super::sampling::{draw, DrawOptions, Drawn};
+use super::sequence::{GenState, Generation};
 use super::stop::{check_sampled, StopReason};
 use crate::kv::SeqId;
 use crate::model::team;
@@ -49,6 +50,7 @@ impl EngineCore {
                 history: g.history.as_ref(),
                 top_logprobs: g.params.top_logprobs,
                 draw_from: g.boost_now(),
+                banned: g.banned_now(),
             };
             let token = draw(due[*i].1, &g.params.sampling, options, &mut rng);
             *drawn[k].lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
@@ -162,6 +164,16 @@ impl EngineCore {
 }
 
 impl GenState {
+    /// The tokens the next draw may not choose: the stop tokens while fewer than
+    /// `min_tokens` are generated.
+    fn banned_now(&self) -> &[crate::model::TokenId] {
+        if self.tokens.len() < self.params.min_tokens {
+            &self.params.stop_tokens
+        } else {
+            &[]
+        }
+    }
+
     /// What the next token is drawn from when it is not the generation's own
     /// sampling: the boost, while the kept tokens are fewer than it covers.
     fn boost_now(&self) -> Option<crate::engine::Sampling> {

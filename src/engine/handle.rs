@@ -15,13 +15,14 @@ use tokio::sync::oneshot;
 use crate::kv::{PinId, SeqId};
 use crate::model::{LoadedModel, Model, TokenId};
 
-use super::core::{EngineConfig, EngineCore, Generation};
+use super::core::{EngineConfig, EngineCore};
 use super::counters::{EngineStats, SeqUsage};
 use super::death::{panic_message, Death};
 use super::error::EngineError;
 use super::sampling::SampledToken;
+use super::sequence::Generation;
 use super::stop::GenParams;
-use super::weights::WeightVersion;
+use super::weight_version::WeightVersion;
 
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 type TokenSender = tokio::sync::mpsc::UnboundedSender<SampledToken>;

@@ -2,6 +2,7 @@
 //!
 //! - [`core`]: [`EngineCore`], sequences over the paged KV cache advanced together one
 //!   ragged batch per step (fork, append, generate, pin, free; counters).
+//! - [`sequence`]: what the core keeps per sequence and generation; [`Generation`].
 //! - [`config`]: [`EngineConfig`], the scheduler's limits and the default KV budget.
 //! - `schedule`: one step — admission under the token, sequence and KV limits, the
 //!   forward, and what its rows mean for each sequence.
@@ -16,7 +17,8 @@
 //! - [`step_log`]: an optional JSON line per step (`TREEGRPO_STEP_LOG=FILE`).
 //! - [`rng`]: a small, stable per-sequence RNG (results must not change with crate versions).
 //! - [`sampling`]: temperature / top-k / top-p sampling with the sampled token's logprob.
-//! - [`generate`](mod@generate): single-sequence generation over a dense KV store.
+//! - [`sampling_error`]: a sampling option out of range, named by its request field.
+//! - [`weight_version`]: which weights a token was sampled under.
 
 pub mod config;
 pub mod core;
@@ -24,26 +26,29 @@ pub mod counters;
 mod death;
 pub mod error;
 mod finish;
-pub mod generate;
 pub mod handle;
 pub mod owned;
 pub mod penalties;
 mod preempt;
 pub mod rng;
 pub mod sampling;
+pub mod sampling_error;
 mod schedule;
+pub mod sequence;
 pub mod step_log;
 pub mod stop;
+pub mod weight_version;
 pub mod weights;
 
-pub use self::core::{EngineConfig, EngineCore, Generation};
+pub use self::core::{EngineConfig, EngineCore};
 pub use counters::{EngineCounters, EngineStats, Histogram, SeqUsage};
 pub use error::EngineError;
-pub use generate::{generate, GenerateRequest};
 pub use handle::{Engine, TokenStream};
 pub use owned::OwnedSeq;
 pub use penalties::Penalties;
 pub use rng::SeqRng;
-pub use sampling::{BoostedStart, SampledToken, Sampling, SamplingError};
+pub use sampling::{BoostedStart, SampledToken, Sampling};
+pub use sampling_error::SamplingError;
+pub use sequence::Generation;
 pub use stop::{GenParams, StopReason};
-pub use weights::WeightVersion;
+pub use weight_version::WeightVersion;

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
-use super::sampling::SamplingError;
+use super::sampling_error::SamplingError;
 use crate::model::TokenId;
 
 /// The three penalties; [`Penalties::NONE`] changes nothing.

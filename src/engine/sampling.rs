@@ -23,65 +23,9 @@
 
 use super::penalties::{Penalties, TokenHistory};
 use super::rng::SeqRng;
+use super::sampling_error::SamplingError;
 use crate::model::logprob::{for_each_exp, log_normaliser};
 use crate::model::TokenId;
-
-/// A sampling option out of range: refused, never coerced (the field names are the
-/// OpenAI / vLLM request fields).
-#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-pub enum SamplingError {
-    /// The temperature given (negative or not finite).
-    #[error("temperature {0} is not a temperature (0 = greedy, or above 0)")]
-    Temperature(f32),
-    /// The `top_p` given.
-    #[error("top_p {0} is outside (0, 1]")]
-    TopP(f32),
-    /// The `top_k` given (below -1).
-    #[error("top_k {0} is not a top-k (-1 or 0 = off, or at least 1)")]
-    TopK(i64),
-    /// The `min_p` given.
-    #[error("min_p {0} is outside [0, 1]")]
-    MinP(f32),
-    /// The repetition penalty given (zero, negative or not finite).
-    #[error("repetition_penalty {0} must be above 0 (1 = off)")]
-    RepetitionPenalty(f32),
-    /// The presence penalty given.
-    #[error("presence_penalty {0} is outside [-2, 2]")]
-    PresencePenalty(f32),
-    /// The frequency penalty given.
-    #[error("frequency_penalty {0} is outside [-2, 2]")]
-    FrequencyPenalty(f32),
-    /// The number of alternatives asked for.
-    #[error("top_logprobs {0} is above the most alternatives served ({MAX_TOP_LOGPROBS})")]
-    TopLogprobs(usize),
-    /// A generation was asked for zero new tokens.
-    #[error("max_tokens must be at least 1")]
-    NoTokens,
-    /// A boosted start ([`BoostedStart`]) of zero tokens.
-    #[error("a branch's boosted start must cover at least 1 token")]
-    NoBoostedTokens,
-}
-
-impl SamplingError {
-    /// The request field at fault.
-    pub fn field(&self) -> &'static str {
-        match self {
-            SamplingError::Temperature(_) => "temperature",
-            SamplingError::TopP(_) => "top_p",
-            SamplingError::TopK(_) => "top_k",
-            SamplingError::MinP(_) => "min_p",
-            SamplingError::RepetitionPenalty(_) => "repetition_penalty",
-            SamplingError::PresencePenalty(_) => "presence_penalty",
-            SamplingError::FrequencyPenalty(_) => "frequency_penalty",
-            SamplingError::TopLogprobs(_) => "top_logprobs",
-            SamplingError::NoTokens => "max_tokens",
-            SamplingError::NoBoostedTokens => "branch_sampling",
-        }
-    }
-}
-
-/// Most `top_logprobs` alternatives per token (vLLM's default limit is 20).
-pub const MAX_TOP_LOGPROBS: usize = 20;
 
 /// How to pick the next token.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -193,12 +137,17 @@ pub struct DrawOptions<'a> {
     /// What the sequence has seen, which the penalties count (`None`: no penalties apply).
     pub history: Option<&'a TokenHistory>,
     /// How many most likely alternatives to report with the token (0: none; at most
-    /// [`MAX_TOP_LOGPROBS`] when it comes from a request).
+    /// [`MAX_TOP_LOGPROBS`](super::sampling_error::MAX_TOP_LOGPROBS) when it comes from a request).
     pub top_logprobs: usize,
     /// Draw from this distribution instead of the generation's own (a tree branch's
     /// boosted first tokens); the policy logprob and the alternatives stay under
     /// the generation's. `None`: draw from the generation's own.
     pub draw_from: Option<Sampling>,
+    /// Tokens the draw may not choose (a generation short of its `min_tokens`: its
+    /// stop tokens): their logits are masked in the copy the choice is made from, so
+    /// the behaviour logprob is renormalised without them; the policy logprob stays
+    /// the model's.
+    pub banned: &'a [TokenId],
 }
 
 impl DrawOptions<'_> {
@@ -208,6 +157,7 @@ impl DrawOptions<'_> {
         history: None,
         top_logprobs: 0,
         draw_from: None,
+        banned: &[],
     };
 }
 
@@ -222,8 +172,8 @@ pub struct Drawn {
     pub top: Vec<SampledToken>,
 }
 
-/// [`sample`] with penalties, alternatives and another distribution to draw from:
-/// the token is chosen from the penalised logits under `options.draw_from` (else
+/// [`sample`] with penalties, banned tokens, alternatives and another distribution to
+/// draw from: the token is chosen from the penalised, masked logits under `options.draw_from` (else
 /// `sampling`); its policy logprob and the `top_logprobs` best alternatives are the
 /// model's (unpenalised) under `sampling`'s temperature.
 pub fn draw(
@@ -241,6 +191,7 @@ pub fn draw(
         }
         _ => None,
     };
+    let penalised = mask_banned(penalised, logits, options.banned);
     let (mut sampled, behaviour_logprob) =
         sample_with_behaviour(penalised.as_deref().unwrap_or(logits), &source, rng);
     // The policy logprob comes free with the draw when the draw was the policy's own
@@ -255,6 +206,21 @@ pub fn draw(
         behaviour_logprob,
         top,
     }
+}
+
+/// `shaped` (or a copy of `logits`) with every in-vocabulary `banned` token's logit at
+/// −∞; `shaped` as it is when nothing is banned.
+fn mask_banned(shaped: Option<Vec<f32>>, logits: &[f32], banned: &[TokenId]) -> Option<Vec<f32>> {
+    if banned.is_empty() {
+        return shaped;
+    }
+    let mut masked = shaped.unwrap_or_else(|| logits.to_vec());
+    for &t in banned {
+        if let Some(l) = masked.get_mut(t as usize) {
+            *l = f32::NEG_INFINITY;
+        }
+    }
+    Some(masked)
 }
 
 /// The `n` most likely tokens under the distribution logprobs are reported under,

@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use crate::model::{ModelError, TokenId};
 
 use super::penalties::Penalties;
-use super::sampling::{BoostedStart, Sampling, SamplingError, MAX_TOP_LOGPROBS};
+use super::sampling::{BoostedStart, Sampling};
+use super::sampling_error::{SamplingError, MAX_TOP_LOGPROBS};
 
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +30,12 @@ pub struct GenParams {
     pub sampling: Sampling,
     /// Most tokens to generate, the last one included; at least 1.
     pub max_new_tokens: usize,
+    /// vLLM's `min_tokens`: fewest tokens before the generation may stop. While fewer
+    /// are generated its stop tokens cannot be drawn (their logits are masked, which
+    /// the behaviour logprob accounts for), and a stop string counts only once more
+    /// than `min_tokens` are, as in vLLM. At most `max_new_tokens`; 0: off.
+    #[serde(default)]
+    pub min_tokens: usize,
     /// Token ids that end the generation when sampled (not part of the output).
     pub stop_tokens: Vec<TokenId>,
     /// Strings that end the generation once the decoded output contains one (the token
@@ -52,12 +59,18 @@ pub struct GenParams {
 impl GenParams {
     /// Checks what a caller asked for by the rule every way in shares: a sampling
     /// [`Sampling::new`] could have made, at least one token, at most
-    /// [`MAX_TOP_LOGPROBS`] alternatives. The server, the Python binding and the CLI
+    /// [`MAX_TOP_LOGPROBS`] alternatives, `min_tokens` no more than `max_new_tokens`. The server, the Python binding and the CLI
     /// call it on the params they built, so one value gets one answer everywhere.
     pub fn validate(&self) -> Result<(), SamplingError> {
         self.sampling.validate()?;
         if self.max_new_tokens == 0 {
             return Err(SamplingError::NoTokens);
+        }
+        if self.min_tokens > self.max_new_tokens {
+            return Err(SamplingError::MinTokens {
+                min: self.min_tokens,
+                max: self.max_new_tokens,
+            });
         }
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(SamplingError::TopLogprobs(self.top_logprobs));
@@ -76,6 +89,7 @@ impl GenParams {
         GenParams {
             sampling: Sampling::Greedy,
             max_new_tokens,
+            min_tokens: 0,
             stop_tokens: Vec::new(),
             stop_strings: Vec::new(),
             seed: Vec::new(),
@@ -86,12 +100,13 @@ impl GenParams {
     }
 }
 
-/// The one finish check of every generation path (the batched engine and the
-/// single-sequence `generate`): after `token` was sampled following `generated`,
+/// The one finish check of every generation path (the engine, and the tests'
+/// single-sequence oracle): after `token` was sampled following `generated`,
 /// whether the generation ends and whether `token` is part of its output.
 ///
 /// In order: a stop token ends it (the token is not output); a stop string completed
-/// by the token ends it (the token is output); the token limit; then the context
+/// by the token ends it (the token is output), once more than `min_tokens` tokens are
+/// generated; the token limit; then the context
 /// window, once `total_after` (the sequence's whole length with the token) reaches
 /// `max_positions`. `decode` turns tokens into text, for stop strings only.
 pub fn check_sampled(
@@ -105,7 +120,7 @@ pub fn check_sampled(
     if params.stop_tokens.contains(&token) {
         return Ok(Verdict::end(StopReason::StopToken, false));
     }
-    if !params.stop_strings.is_empty() {
+    if !params.stop_strings.is_empty() && generated.len() >= params.min_tokens {
         // A new match must end in the last token, and every token decodes to at least
         // one byte, so decoding the last (longest stop + 1) tokens suffices: O(stop
         // length) per sampled token instead of re-decoding the generation.

@@ -24,10 +24,7 @@ use crate::model::{Model, ModelConfig};
 
 use super::core::EngineCore;
 use super::error::EngineError;
-
-/// The weights' version: 0 for the weights the engine started with, then one more per
-/// swap.
-pub type WeightVersion = u64;
+use super::weight_version::WeightVersion;
 
 /// The config fields a KV cache and a tokenizer depend on; a swap must keep them.
 fn shape_mismatch(serving: &ModelConfig, offered: &ModelConfig) -> Option<&'static str> {

@@ -19,7 +19,7 @@ use super::config::ModelConfig;
 use super::error::ModelError;
 use super::kernels::Epilogue;
 use super::kv_store::{KvSlot, KvStore};
-use super::layer_forward::{Failure, LayerBuffers};
+use super::layer_forward::{Block, Failure, Layer, LayerBuffers, LayerRecord};
 use super::linear::Linear;
 use super::ops::{rms_norm, Rope};
 use super::step_logits::StepLogits;
@@ -67,29 +67,6 @@ pub struct SeqLogits {
     pub rows: Vec<Vec<f32>>,
 }
 
-/// One transformer block's weights.
-#[derive(Debug)]
-pub struct Layer {
-    /// RMSNorm weight before attention, `[hidden]`.
-    pub attn_norm: Vec<f32>,
-    /// Query projection, `hidden → heads × head_dim` (with its bias on Qwen2).
-    pub q: Linear,
-    /// Key projection, `hidden → kv_heads × head_dim` (with its bias on Qwen2).
-    pub k: Linear,
-    /// Value projection, `hidden → kv_heads × head_dim` (with its bias on Qwen2).
-    pub v: Linear,
-    /// Attention output projection, `heads × head_dim → hidden`.
-    pub o: Linear,
-    /// RMSNorm weight before the feed-forward block, `[hidden]`.
-    pub ffn_norm: Vec<f32>,
-    /// SwiGLU gate projection, `hidden → intermediate`.
-    pub gate: Linear,
-    /// SwiGLU up projection, `hidden → intermediate`.
-    pub up: Linear,
-    /// Feed-forward output projection, `intermediate → hidden`.
-    pub down: Linear,
-}
-
 /// A loaded decoder: immutable weights plus the config that describes them.
 #[derive(Debug)]
 pub struct Model {
@@ -105,6 +82,31 @@ pub struct Model {
 }
 
 impl Model {
+    /// Layer `l` over the rows of `x` (`[rows, hidden]`, the residual stream, updated
+    /// in place), its keys and values written to `kv` for `spans`. `angles[r]` are row
+    /// `r`'s RoPE angles. With `record`, also keeps what a backward needs. The code is
+    /// [`Block::run`]'s, shared by the engine's forward and the trainer's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_layer(
+        &self,
+        l: usize,
+        x: &mut [f32],
+        bufs: &mut LayerBuffers,
+        spans: &[SeqSpan],
+        angles: &[Vec<(f32, f32)>],
+        kv: &mut dyn KvStore,
+        record: Option<&mut LayerRecord>,
+    ) -> Result<(), ModelError> {
+        let block = Block {
+            config: &self.config,
+            layer: &self.layers[l],
+            index: l,
+            rope: &self.rope,
+            kv_format: self.kv_format,
+        };
+        block.run(x, bufs, spans, angles, kv, record)
+    }
+
     /// The architecture these weights implement (dimensions, RoPE, norms, vocabulary).
     pub fn config(&self) -> &ModelConfig {
         &self.config

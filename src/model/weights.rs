@@ -8,7 +8,8 @@ use std::path::Path;
 
 use super::config::{Architecture, ModelConfig};
 use super::error::ModelError;
-use super::forward::{Layer, Model};
+use super::forward::Model;
+use super::layer_forward::Layer;
 use super::linear::Linear;
 use super::ops::Rope;
 

@@ -157,24 +157,7 @@ pub async fn run_mistralrs_chains(
     samples: Vec<QaSample>,
     workload: ChainWorkload,
 ) -> Result<PeerRunSummary, PeerError> {
-    if workload.chains == 0 {
-        return Err(PeerError::Invalid("chains must be at least 1".into()));
-    }
-    if workload.max_step_tokens == 0 {
-        return Err(PeerError::Invalid(
-            "max_step_tokens must be at least 1".into(),
-        ));
-    }
-    if samples.is_empty() {
-        return Err(PeerError::Invalid("no samples".into()));
-    }
-    let prompts: Vec<Vec<TokenId>> = samples
-        .iter()
-        .map(|q| Ok(ours.chat_prompt(env.start(q)?.prompt())?))
-        .collect::<Result<_, PeerError>>()?;
-    if prompts.iter().any(|p| p.is_empty()) {
-        return Err(PeerError::Invalid("a prompt has no tokens".into()));
-    }
+    let prompts = checked_prompts(&ours, env.as_ref(), &samples, &workload)?;
 
     let t_load = Instant::now();
     let engine = load_peer_model(
@@ -198,16 +181,7 @@ pub async fn run_mistralrs_chains(
     let warmup_seconds = t0.elapsed().as_secs_f64();
 
     let stops = env.stop_strings();
-    // mistral.rs stops at the EOS tokens *it* finds (GGUF metadata, chat template);
-    // ours also stops at common end-of-turn markers. Sent as stop strings, the ones
-    // that are single tokens become stop tokens there, so both engines stop alike.
-    let mut peer_stops = stops.clone();
-    for &id in ours.tokenizer.eos_ids() {
-        let t = ours.tokenizer.decode(&[id])?;
-        if !t.is_empty() && !peer_stops.contains(&t) {
-            peer_stops.push(t);
-        }
-    }
+    let peer_stops = peer_stop_strings(&ours, &stops)?;
     let ctx = Arc::new(ChainContext {
         tx,
         ours,
@@ -216,36 +190,7 @@ pub async fn run_mistralrs_chains(
         env,
         workload: workload.clone(),
     });
-    let mut jobs = JoinSet::new();
-    for (sample, prompt) in samples.iter().zip(&prompts) {
-        for _ in 0..workload.chains {
-            let ctx = ctx.clone();
-            let sample = sample.clone();
-            let prompt = prompt.clone();
-            jobs.spawn(async move { run_chain(&ctx, &sample, prompt).await });
-        }
-    }
-    let mut rewards = Vec::new();
-    let mut totals = ChainTotals::default();
-    let mut first_err = None;
-    while let Some(joined) = jobs.join_next().await {
-        let result = joined.map_err(PeerError::Task).and_then(|r| r);
-        match result {
-            Ok(c) => {
-                rewards.push(c.reward);
-                totals.add(&c);
-            }
-            Err(e) => {
-                if first_err.is_none() {
-                    first_err = Some(e);
-                    jobs.abort_all();
-                }
-            }
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
+    let (rewards, totals) = run_all_chains(&ctx, &samples, &prompts, workload.chains).await?;
     let wall_seconds = t0.elapsed().as_secs_f64();
     drop(engine);
 
@@ -274,6 +219,94 @@ pub async fn run_mistralrs_chains(
         peer_completion_tokens: counters.completion_tokens,
         workload,
     })
+}
+
+/// Checks the workload and the samples, then renders every sample's chat prompt as
+/// token ids; errors before mistral.rs is loaded, in the order the checks are listed.
+fn checked_prompts(
+    ours: &LoadedModel,
+    env: &dyn Environment,
+    samples: &[QaSample],
+    workload: &ChainWorkload,
+) -> Result<Vec<Vec<TokenId>>, PeerError> {
+    if workload.chains == 0 {
+        return Err(PeerError::Invalid("chains must be at least 1".into()));
+    }
+    if workload.max_step_tokens == 0 {
+        return Err(PeerError::Invalid(
+            "max_step_tokens must be at least 1".into(),
+        ));
+    }
+    if samples.is_empty() {
+        return Err(PeerError::Invalid("no samples".into()));
+    }
+    let prompts: Vec<Vec<TokenId>> = samples
+        .iter()
+        .map(|q| Ok(ours.chat_prompt(env.start(q)?.prompt())?))
+        .collect::<Result<_, PeerError>>()?;
+    if prompts.iter().any(|p| p.is_empty()) {
+        return Err(PeerError::Invalid("a prompt has no tokens".into()));
+    }
+    Ok(prompts)
+}
+
+/// The stop strings sent to mistral.rs: the environment's `stops`, then the texts of
+/// our EOS tokens not already among them.
+///
+/// mistral.rs stops at the EOS tokens *it* finds (GGUF metadata, chat template);
+/// ours also stops at common end-of-turn markers. Sent as stop strings, the ones
+/// that are single tokens become stop tokens there, so both engines stop alike.
+fn peer_stop_strings(ours: &LoadedModel, stops: &[String]) -> Result<Vec<String>, PeerError> {
+    let mut peer_stops = stops.to_vec();
+    for &id in ours.tokenizer.eos_ids() {
+        let t = ours.tokenizer.decode(&[id])?;
+        if !t.is_empty() && !peer_stops.contains(&t) {
+            peer_stops.push(t);
+        }
+    }
+    Ok(peer_stops)
+}
+
+/// Spawns `chains` chains per prompt at once and waits for them all: the rewards in
+/// the order the chains finished, and their summed figures. On the first failed
+/// chain the rest are aborted and that first error is returned.
+async fn run_all_chains(
+    ctx: &Arc<ChainContext>,
+    samples: &[QaSample],
+    prompts: &[Vec<TokenId>],
+    chains: usize,
+) -> Result<(Vec<f64>, ChainTotals), PeerError> {
+    let mut jobs = JoinSet::new();
+    for (sample, prompt) in samples.iter().zip(prompts) {
+        for _ in 0..chains {
+            let ctx = ctx.clone();
+            let sample = sample.clone();
+            let prompt = prompt.clone();
+            jobs.spawn(async move { run_chain(&ctx, &sample, prompt).await });
+        }
+    }
+    let mut rewards = Vec::new();
+    let mut totals = ChainTotals::default();
+    let mut first_err = None;
+    while let Some(joined) = jobs.join_next().await {
+        let result = joined.map_err(PeerError::Task).and_then(|r| r);
+        match result {
+            Ok(c) => {
+                rewards.push(c.reward);
+                totals.add(&c);
+            }
+            Err(e) => {
+                if first_err.is_none() {
+                    first_err = Some(e);
+                    jobs.abort_all();
+                }
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    Ok((rewards, totals))
 }
 
 /// mistral.rs's own counters, summed over requests.

@@ -20,6 +20,7 @@
 //! - [`export`]: advantages and per-leaf records from finished trees.
 //! - [`run`]: a whole run over many prompts: progress, ordered output, per-forest
 //!   accounting, token budget, interruption, summary.
+//! - `in_order`: finished prompts written in prompt order as they come.
 //! - [`summary`]: `summary.json`'s types ([`RunSummary`], per forest, token figures).
 //! - [`output`]: the run's files written as prompts finish, and `forest.jsonl` read back.
 
@@ -34,6 +35,7 @@ pub mod episode;
 pub mod error;
 pub mod export;
 pub mod forest;
+mod in_order;
 pub mod output;
 pub mod run;
 pub mod sampler;

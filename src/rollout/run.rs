@@ -3,7 +3,6 @@
 //! interrupted run keeps every finished tree and the same seed always writes the same
 //! bytes whatever finishes first.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +16,7 @@ use crate::advantage::AdvantageMode;
 use crate::engine::{Engine, EngineCounters, EngineStats};
 use crate::env::{Environment, QaSample};
 use crate::kv::SeqId;
-use crate::model::TokenId;
+use crate::model::{LoadedModel, TokenId};
 
 use super::branching::BranchingStats;
 use super::config::TreeConfig;
@@ -26,6 +25,7 @@ use super::cost::ForestCost;
 use super::error::RolloutError;
 use super::export::{score_forest, TrajectoryRecord};
 use super::forest::{Forest, Tree};
+use super::in_order::{Finished, InOrderWriter};
 use super::output::Output;
 use super::sampler::{sample_prompt_forest, PromptStart};
 use super::summary::{ForestSummary, RunSummary, TokenSummary};
@@ -86,13 +86,6 @@ pub struct Progress {
 /// A future that resolves when the run should stop early (e.g. on SIGINT).
 pub type Interrupt = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// A finished prompt waiting for its turn to be written.
-struct Finished {
-    records: Vec<TrajectoryRecord>,
-    trees: Vec<Tree>,
-    summary: ForestSummary,
-}
-
 /// What to roll out: the environment and its prompts, the shape of the search (tree or
 /// chains, sampling, seed) and how the run is driven (advantage, budget, concurrency).
 pub struct RolloutRequest {
@@ -151,165 +144,52 @@ pub async fn run_rollout(
         config,
         options,
     } = request;
-    let RunHooks {
-        output: mut out,
-        mut progress,
-        interrupt,
-    } = hooks;
     config.validate()?;
     let t0 = Instant::now();
     let stats = engine.stats().await?;
-    let before = stats.counters;
-    let model = engine.model().clone();
-    // Each prompt's episode is started once, here: a user-defined environment's
-    // `start` may have effects, and one that fails fails only its prompt.
-    let mut starts = Vec::with_capacity(samples.len());
-    for q in &samples {
-        starts.push(match env.start(q) {
-            Ok(episode) => {
-                let prompt_ids = model.chat_prompt(episode.prompt())?;
-                Ok(PromptStart {
-                    episode,
-                    prompt_ids,
-                })
-            }
-            Err(e) if e.is_episode_failure() => Err(e.to_string()),
-            Err(e) => return Err(e.into()),
-        });
-    }
-    let prompts: Vec<Vec<TokenId>> = starts
-        .iter()
-        .map(|s| {
-            s.as_ref()
-                .map_or_else(|_| Vec::new(), |s| s.prompt_ids.clone())
-        })
-        .collect();
+    let starts = start_prompts(env.as_ref(), &samples, engine.model())?;
+    let prompts = prompt_tokens(&starts);
     let shared = if config.prefix_reuse {
-        // Prompts that failed to start have no tokens and share nothing.
-        let started: Vec<Vec<TokenId>> =
-            prompts.iter().filter(|p| !p.is_empty()).cloned().collect();
-        prefill_shared_prefix(&engine, &started, stats.kv.block_size).await?
+        prefill_shared_prefix(&engine, &prompts, stats.kv.block_size).await?
     } else {
         None
     };
-    let ctx = Arc::new(SamplerContext {
-        engine: engine.clone(),
-        env,
-        config: config.clone(),
-        token_budget: options.token_budget,
-        computed_at_start: before.computed(),
-        budget_spent: AtomicBool::new(false),
-        prompt_room_blocks: stats.kv.num_blocks / PROMPT_ROOM_FRACTION,
-        live: Default::default(),
-    });
+    let ctx = sampler_context(&engine, env, &config, &options, &stats);
     let n = samples.len();
-    let permits = Arc::new(Semaphore::new(match options.max_concurrent_prompts {
-        0 => n.max(1),
-        k => k,
-    }));
-    // Prompts take their permits in prompt order: tasks are first polled in no
-    // particular order, and since the files are written in prompt order, a first
-    // prompt that started last would hold every finished forest back until the end
-    // (with one prompt at a time, nothing written until the run was over, so an
-    // interrupted run kept nothing on disk). `next_in_line` is the prompt whose
-    // turn it is to take a permit.
-    let (next_in_line, _) = tokio::sync::watch::channel(0usize);
-    let next_in_line = Arc::new(next_in_line);
-    let mut jobs = JoinSet::new();
-    let offset = options.prompt_offset;
-    for (i, start) in starts.into_iter().enumerate() {
-        let ctx = ctx.clone();
-        let permits = permits.clone();
-        let next_in_line = next_in_line.clone();
-        jobs.spawn(async move {
-            let mut turn = next_in_line.subscribe();
-            // The sender lives as long as this task's `Arc`, so the wait cannot fail.
-            let _ = turn.wait_for(|&next| next == i).await;
-            let _permit = permits.acquire_owned().await;
-            next_in_line.send_modify(|next| *next += 1);
-            let forest = match start {
-                Ok(start) => sample_prompt_forest(ctx, (offset + i) as u64, start).await,
-                Err(error) => Ok(Forest::failed_prompt(error)),
-            };
-            (i, forest)
-        });
-    }
-    let mut interrupt = interrupt.unwrap_or_else(|| Box::pin(std::future::pending()));
-    let mut interrupted = false;
-    let mut ready: BTreeMap<usize, Finished> = BTreeMap::new();
-    let mut next_to_write = 0;
-    let mut kept = Kept::default();
-    let mut done = 0;
-    loop {
-        let joined = tokio::select! {
-            j = jobs.join_next() => match j {
-                Some(j) => j,
-                None => break,
-            },
-            _ = &mut interrupt => {
-                interrupted = true;
-                break;
-            }
-        };
-        let (i, forest) = joined.map_err(|source| RolloutError::Task {
-            task: "prompt",
-            source,
-        })?;
-        let mut forest = forest?;
-        let mut records = if forest.trees.is_empty() {
-            Vec::new()
-        } else {
-            score_forest(&prompts[i], &mut forest.trees, options.advantage)?
-        };
-        for r in &mut records {
-            r.temperature = Some(config.sampling.logprob_temperature());
-        }
-        let summary = forest_summary(offset + i, &samples[i], &forest, &records);
-        ready.insert(
-            i,
-            Finished {
-                records,
-                trees: forest.trees,
-                summary,
-            },
-        );
-        // Write in prompt order: the file's bytes do not depend on finishing order.
-        while let Some(f) = ready.remove(&next_to_write) {
-            kept.add(&mut out, f)?;
-            next_to_write += 1;
-        }
-        done += 1;
-        let c = engine.stats().await?.counters;
-        if let Some(progress) = progress.as_mut() {
-            progress(Progress {
-                prompts_done: done,
-                prompts: n,
-                rollouts: kept.records.len()
-                    + ready.values().map(|f| f.records.len()).sum::<usize>(),
-                computed_tokens: c.computed() - before.computed(),
-                seconds: t0.elapsed().as_secs_f64(),
-            });
-        }
-    }
-    if interrupted {
-        // Abandon forests still growing; keep every finished one (in prompt order,
-        // skipping the unfinished gaps).
-        jobs.abort_all();
-        // Wait until every task is gone, then free what their sequences left.
-        while jobs.join_next().await.is_some() {}
-        ctx.free_all_left().await;
-        for (_, f) in std::mem::take(&mut ready) {
-            kept.add(&mut out, f)?;
-        }
-    }
-    let shared_prefix = match shared {
-        Some(seq) => TokenSummary::from_cost(&ForestCost {
-            usage: engine.free(seq).await?,
-            ..ForestCost::default()
-        }),
-        None => TokenSummary::default(),
+    let mut writer = InOrderWriter::new(hooks.output);
+    let mut jobs = spawn_prompts(&ctx, starts, &options);
+    let scoring = Scoring {
+        prompts: &prompts,
+        samples: &samples,
+        config: &config,
+        options: &options,
     };
+    let mut reporter = ProgressReporter {
+        engine: &engine,
+        callback: hooks.progress,
+        prompts: n,
+        computed_before: stats.counters.computed(),
+        t0,
+        done: 0,
+    };
+    let mut interrupt = hooks
+        .interrupt
+        .unwrap_or_else(|| Box::pin(std::future::pending()));
+    let interrupted = collect_forests(
+        &mut jobs,
+        &mut interrupt,
+        &scoring,
+        &mut writer,
+        &mut reporter,
+    )
+    .await?;
+    if interrupted {
+        abandon_growing(&mut jobs, &ctx).await;
+        writer.keep_every_finished()?;
+    }
+    let shared_prefix = free_shared_prefix(&engine, shared).await?;
     let after = engine.stats().await?.counters;
+    let (out, kept) = writer.into_parts();
     let summary = summarize(
         &ctx,
         shared_prefix,
@@ -333,22 +213,253 @@ pub async fn run_rollout(
     })
 }
 
-/// Prefills the longest prefix every prompt shares (whole KV blocks of it), so the
-/// prompts find it in the prefix cache. Returns the sequence holding it, or `None`
-/// when the prompts share less than a block.
+/// What every task of the run shares: the engine and environment, the search, the
+/// token budget counted from the engine's computed tokens at the start (`stats`), and
+/// the KV room a new prompt needs.
+fn sampler_context(
+    engine: &Engine,
+    env: Arc<dyn Environment>,
+    config: &TreeConfig,
+    options: &RunOptions,
+    stats: &EngineStats,
+) -> Arc<SamplerContext> {
+    Arc::new(SamplerContext {
+        engine: engine.clone(),
+        env,
+        config: config.clone(),
+        token_budget: options.token_budget,
+        computed_at_start: stats.counters.computed(),
+        budget_spent: AtomicBool::new(false),
+        prompt_room_blocks: stats.kv.num_blocks / PROMPT_ROOM_FRACTION,
+        live: Default::default(),
+    })
+}
+
+/// A prompt's episode as it started, or why it could not start (that prompt's forest
+/// is then a failed one; the run goes on).
+type PromptStarted = Result<PromptStart, String>;
+
+/// The tasks growing the prompts' forests, each giving back its prompt's index.
+type PromptJobs = JoinSet<(usize, Result<Forest, RolloutError>)>;
+
+/// Starts each prompt's episode, once, here: a user-defined environment's `start` may
+/// have effects, and one that fails with an episode failure fails only its prompt
+/// (any other error stops the run).
+fn start_prompts(
+    env: &dyn Environment,
+    samples: &[QaSample],
+    model: &LoadedModel,
+) -> Result<Vec<PromptStarted>, RolloutError> {
+    let mut starts = Vec::with_capacity(samples.len());
+    for q in samples {
+        starts.push(match env.start(q) {
+            Ok(episode) => {
+                let prompt_ids = model.chat_prompt(episode.prompt())?;
+                Ok(PromptStart {
+                    episode,
+                    prompt_ids,
+                })
+            }
+            Err(e) if e.is_episode_failure() => Err(e.to_string()),
+            Err(e) => return Err(e.into()),
+        });
+    }
+    Ok(starts)
+}
+
+/// Each prompt's token ids (empty for a prompt that failed to start).
+fn prompt_tokens(starts: &[PromptStarted]) -> Vec<Vec<TokenId>> {
+    starts
+        .iter()
+        .map(|s| {
+            s.as_ref()
+                .map_or_else(|_| Vec::new(), |s| s.prompt_ids.clone())
+        })
+        .collect()
+}
+
+/// Spawns one task per prompt, growing its forest (or recording its failed start)
+/// under at most `options.max_concurrent_prompts` at once (0: all).
+///
+/// Prompts take their permits in prompt order: tasks are first polled in no
+/// particular order, and since the files are written in prompt order, a first prompt
+/// that started last would hold every finished forest back until the end (with one
+/// prompt at a time, nothing written until the run was over, so an interrupted run
+/// kept nothing on disk). `next_in_line` is the prompt whose turn it is to take a
+/// permit.
+fn spawn_prompts(
+    ctx: &Arc<SamplerContext>,
+    starts: Vec<PromptStarted>,
+    options: &RunOptions,
+) -> PromptJobs {
+    let n = starts.len();
+    let permits = Arc::new(Semaphore::new(match options.max_concurrent_prompts {
+        0 => n.max(1),
+        k => k,
+    }));
+    let (next_in_line, _) = tokio::sync::watch::channel(0usize);
+    let next_in_line = Arc::new(next_in_line);
+    let mut jobs = JoinSet::new();
+    let offset = options.prompt_offset;
+    for (i, start) in starts.into_iter().enumerate() {
+        let ctx = ctx.clone();
+        let permits = permits.clone();
+        let next_in_line = next_in_line.clone();
+        jobs.spawn(async move {
+            let mut turn = next_in_line.subscribe();
+            // The sender lives as long as this task's `Arc`, so the wait cannot fail.
+            let _ = turn.wait_for(|&next| next == i).await;
+            let _permit = permits.acquire_owned().await;
+            next_in_line.send_modify(|next| *next += 1);
+            let forest = match start {
+                Ok(start) => sample_prompt_forest(ctx, (offset + i) as u64, start).await,
+                Err(error) => Ok(Forest::failed_prompt(error)),
+            };
+            (i, forest)
+        });
+    }
+    jobs
+}
+
+/// Takes each prompt's forest as its task finishes — scored, written in prompt order,
+/// progress reported — until every task is done or `interrupt` resolves. Returns
+/// whether the interrupt ended it.
+async fn collect_forests(
+    jobs: &mut PromptJobs,
+    interrupt: &mut Interrupt,
+    scoring: &Scoring<'_>,
+    writer: &mut InOrderWriter,
+    reporter: &mut ProgressReporter<'_>,
+) -> Result<bool, RolloutError> {
+    loop {
+        let joined = tokio::select! {
+            j = jobs.join_next() => match j {
+                Some(j) => j,
+                None => return Ok(false),
+            },
+            _ = &mut *interrupt => return Ok(true),
+        };
+        let (i, forest) = joined.map_err(|source| RolloutError::Task {
+            task: "prompt",
+            source,
+        })?;
+        writer.insert(i, scoring.finish(i, forest?)?)?;
+        reporter.prompt_done(writer).await?;
+    }
+}
+
+/// Abandons the forests still growing after an interrupt: waits until every task is
+/// gone, then frees what their sequences left.
+async fn abandon_growing(jobs: &mut PromptJobs, ctx: &SamplerContext) {
+    jobs.abort_all();
+    while jobs.join_next().await.is_some() {}
+    ctx.free_all_left().await;
+}
+
+/// Frees the shared prefix's sequence, if one was prefilled, and gives what it cost.
+async fn free_shared_prefix(
+    engine: &Engine,
+    shared: Option<SeqId>,
+) -> Result<TokenSummary, RolloutError> {
+    Ok(match shared {
+        Some(seq) => TokenSummary::from_cost(&ForestCost {
+            usage: engine.free(seq).await?,
+            ..ForestCost::default()
+        }),
+        None => TokenSummary::default(),
+    })
+}
+
+/// What turns a prompt's grown forest into its scored records and summary.
+struct Scoring<'a> {
+    /// Every prompt's token ids, by prompt index.
+    prompts: &'a [Vec<TokenId>],
+    /// The run's prompts.
+    samples: &'a [QaSample],
+    /// The search (its sampling gives the records' temperature).
+    config: &'a TreeConfig,
+    /// The advantage mode and the prompt offset.
+    options: &'a RunOptions,
+}
+
+impl Scoring<'_> {
+    /// Prompt `i`'s forest scored: its leaves' records with advantages and the
+    /// sampling temperature, and its summary.
+    fn finish(&self, i: usize, mut forest: Forest) -> Result<Finished, RolloutError> {
+        let mut records = if forest.trees.is_empty() {
+            Vec::new()
+        } else {
+            score_forest(&self.prompts[i], &mut forest.trees, self.options.advantage)?
+        };
+        for r in &mut records {
+            r.temperature = Some(self.config.sampling.logprob_temperature());
+        }
+        let summary = forest_summary(
+            self.options.prompt_offset + i,
+            &self.samples[i],
+            &forest,
+            &records,
+        );
+        Ok(Finished {
+            records,
+            trees: forest.trees,
+            summary,
+        })
+    }
+}
+
+/// Reports [`Progress`] after each finished prompt.
+struct ProgressReporter<'a> {
+    /// The engine whose counters give the computed tokens.
+    engine: &'a Engine,
+    /// The caller's callback, if any.
+    callback: Option<ProgressFn>,
+    /// Prompts in the run.
+    prompts: usize,
+    /// The engine's computed tokens when the run started.
+    computed_before: u64,
+    /// When the run started.
+    t0: Instant,
+    /// Prompts finished so far.
+    done: usize,
+}
+
+impl ProgressReporter<'_> {
+    /// Counts one more finished prompt and reports where the run stands.
+    async fn prompt_done(&mut self, writer: &InOrderWriter) -> Result<(), RolloutError> {
+        self.done += 1;
+        let c = self.engine.stats().await?.counters;
+        if let Some(progress) = self.callback.as_mut() {
+            progress(Progress {
+                prompts_done: self.done,
+                prompts: self.prompts,
+                rollouts: writer.rollouts(),
+                computed_tokens: c.computed() - self.computed_before,
+                seconds: self.t0.elapsed().as_secs_f64(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Prefills the longest prefix every started prompt shares (whole KV blocks of it),
+/// so the prompts find it in the prefix cache. Returns the sequence holding it, or
+/// `None` when the prompts share less than a block.
 async fn prefill_shared_prefix(
     engine: &Engine,
     prompts: &[Vec<TokenId>],
     block_size: usize,
 ) -> Result<Option<SeqId>, RolloutError> {
-    let Some(first) = prompts.first() else {
+    // Prompts that failed to start have no tokens and share nothing.
+    let started: Vec<Vec<TokenId>> = prompts.iter().filter(|p| !p.is_empty()).cloned().collect();
+    let Some(first) = started.first() else {
         return Ok(None);
     };
-    if prompts.len() < 2 {
+    if started.len() < 2 {
         return Ok(None);
     }
     let mut common = first.len();
-    for p in &prompts[1..] {
+    for p in &started[1..] {
         common = common.min(first.iter().zip(p).take_while(|(a, b)| a == b).count());
     }
     // Only full blocks are found by the prefix index; and a prompt must keep at least
@@ -360,27 +471,6 @@ async fn prefill_shared_prefix(
     let seq = engine.add_sequence(first[..common].to_vec()).await?;
     engine.prefill(seq).await?;
     Ok(Some(seq))
-}
-
-/// The finished prompts, in the order they were kept.
-#[derive(Default)]
-struct Kept {
-    records: Vec<TrajectoryRecord>,
-    trees: Vec<Tree>,
-    forests: Vec<ForestSummary>,
-}
-
-impl Kept {
-    /// Keeps a finished prompt, writing it out first when the run writes files.
-    fn add(&mut self, out: &mut Option<Output>, f: Finished) -> Result<(), RolloutError> {
-        if let Some(o) = out.as_mut() {
-            o.write(&f.records, &f.trees)?;
-        }
-        self.records.extend(f.records);
-        self.trees.extend(f.trees);
-        self.forests.push(f.summary);
-        Ok(())
-    }
 }
 
 fn mean_reward(records: &[TrajectoryRecord]) -> f64 {

@@ -189,6 +189,7 @@ impl ServeError {
             ServeError::TreeConfig(e) => Some(e.field().into()),
             ServeError::UnknownField(field) => Some(field.clone()),
             ServeError::Engine(EngineError::BadToken { .. }) => Some("prompt".into()),
+            ServeError::Engine(EngineError::Sampling(e)) => Some(e.field().into()),
             ServeError::ContextLength { .. } => Some("max_tokens".into()),
             ServeError::Rollout(RolloutError::Config(e)) => Some(e.field().into()),
             _ => None,
@@ -201,9 +202,12 @@ impl ServeError {
 fn engine_status(e: &EngineError) -> StatusCode {
     use EngineError::*;
     match e {
-        BadToken { .. } | EmptyPrompt | EmptySequence(_) | WeightShape { .. } | KvFormat { .. } => {
-            StatusCode::BAD_REQUEST
-        }
+        BadToken { .. }
+        | EmptyPrompt
+        | EmptySequence(_)
+        | WeightShape { .. }
+        | KvFormat { .. }
+        | Sampling(_) => StatusCode::BAD_REQUEST,
         StaleWeightVersion { .. } => StatusCode::BAD_REQUEST,
         Model(ModelError::ContextOverflow { .. }) => StatusCode::BAD_REQUEST,
         NeverFits { pinned, .. } if *pinned > 0 => StatusCode::SERVICE_UNAVAILABLE,

@@ -27,7 +27,7 @@ pub fn request_sequences(
     n: usize,
 ) -> Result<usize, ServeError> {
     state.admission.check_fits(n, "n")?;
-    let sequences = prompts.checked_mul(n).unwrap_or(usize::MAX);
+    let sequences = prompts.saturating_mul(n);
     state.admission.check_fits(sequences, prompts_field)?;
     Ok(sequences)
 }

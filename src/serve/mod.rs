@@ -24,9 +24,12 @@ pub mod logprobs;
 pub mod metrics;
 pub mod native;
 pub mod openai;
+pub mod prepared;
+pub mod request_metrics;
 pub mod rollouts;
 pub mod run;
 pub mod sampling;
+pub mod session_table;
 pub mod sessions;
 pub mod state;
 pub mod stream;
@@ -44,7 +47,7 @@ use tokio::net::TcpListener;
 use crate::engine::Engine;
 
 pub use error::ServeError;
-pub use sessions::Caller;
+pub use session_table::Caller;
 pub use state::{AppState, ServeConfig};
 
 /// Every route, with the body limit, the API key check and the metrics around them.

@@ -13,7 +13,7 @@ use crate::model::TokenId;
 use super::blocking::off_the_workers;
 use super::body::{token_ids, ApiJson};
 use super::error::ServeError;
-use super::known_fields::{first_unknown, KnownFields, SAMPLING};
+use super::known_fields::{first_unknown, KnownFields};
 use super::limits;
 use super::run::complete;
 use super::sampling::{finish_reason, visible_text, SamplingFields};
@@ -211,7 +211,7 @@ impl KnownFields for GenerateRequest {
             first_unknown(
                 body.get("sampling_params")?,
                 "sampling_params.",
-                &[SAMPLING, &["n"]],
+                &[SamplingFields::fields(), &["n"]],
             )
         })
     }

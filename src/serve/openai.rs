@@ -18,16 +18,17 @@ use futures_util::future::try_join_all;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::engine::sampling::MAX_TOP_LOGPROBS;
+use crate::engine::sampling_error::MAX_TOP_LOGPROBS;
 use crate::engine::{Generation, SamplingError};
 use crate::model::TokenId;
 
 use super::blocking::off_the_workers;
 use super::body::{chat_prompt, token_ids, ApiJson, MessageInput, OneOrMany, PromptInput};
 use super::error::ServeError;
-use super::known_fields::{first_unknown, KnownFields, ACCEPTED_IGNORED};
+use super::known_fields::{self, first_unknown, KnownFields, ACCEPTED_IGNORED};
 use super::limits::request_sequences;
 use super::logprobs::{self, LoggedTokens, TokenSpelling};
+use super::prepared::{decode, Prepared, Usage};
 use super::run::complete;
 use super::sampling::{finish_reason, sampling_error, visible_text, SamplingFields};
 use super::state::{unix_now, AppState};
@@ -72,31 +73,19 @@ struct CommonFields {
     frequency_penalty: Option<f32>,
     repetition_penalty: Option<f32>,
     min_p: Option<f32>,
+    /// vLLM's extension: fewest tokens before the choice may stop.
+    min_tokens: Option<usize>,
     /// vLLM's extension: tokens in `logprobs` spelt `"token_id:N"`.
     return_tokens_as_token_ids: bool,
     logit_bias: Option<serde_json::Map<String, Value>>,
 }
 
 impl CommonFields {
-    const FIELDS: &'static [&'static str] = &[
-        "temperature",
-        "top_p",
-        "top_k",
-        "n",
-        "seed",
-        "stop",
-        "stream",
-        "stream_options",
-        "return_token_ids",
-        "stop_token_ids",
-        "ignore_eos",
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "min_p",
-        "return_tokens_as_token_ids",
-        "logit_bias",
-    ];
+    /// The fields this struct deserialises (its own list, see `known_fields`).
+    fn fields() -> &'static [&'static str] {
+        static FIELDS: std::sync::OnceLock<&'static [&'static str]> = std::sync::OnceLock::new();
+        FIELDS.get_or_init(known_fields::fields_of::<CommonFields>)
+    }
 }
 
 /// `stream_options` of a streamed request.
@@ -155,6 +144,7 @@ impl CommonFields {
             ignore_eos: self.ignore_eos,
             seed: self.seed,
             min_p: self.min_p,
+            min_tokens: self.min_tokens,
             repetition_penalty: self.repetition_penalty,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
@@ -193,52 +183,6 @@ pub struct CompletionRequest {
     suffix: Option<String>,
     #[serde(flatten)]
     common: CommonFields,
-}
-
-/// A prepared request: prompts as token ids, the sampling fields, the seed.
-pub struct Prepared {
-    /// Each prompt's token ids (checked against the vocabulary, none empty).
-    pub prompts: Vec<Vec<TokenId>>,
-    /// Choices per prompt (`n`, 1 to 128).
-    pub choices: usize,
-    /// The sampling fields of the request, as every choice shares them.
-    pub sampling: SamplingFields,
-    /// The request's `seed`, or a fresh one; choice `j` of prompt `p` samples from
-    /// the stream `p · choices + j` of it, so choices differ.
-    pub seed: u64,
-    /// Whether the response reports each sampled token's logprob.
-    pub logprobs: bool,
-    /// How tokens are spelt in `logprobs` (text, or `token_id:N`).
-    pub spelling: TokenSpelling,
-    /// vLLM's `return_token_ids`: add the prompt's and each choice's token ids.
-    pub return_token_ids: bool,
-    /// A streamed response ends with a `usage` chunk (`stream_options.include_usage`).
-    pub include_usage: bool,
-    /// The response's `id` (`cmpl-…` or `chatcmpl-…`), shared by every chunk of a
-    /// stream.
-    pub id: String,
-    /// The response's `created`: Unix time in seconds when the request was prepared.
-    pub created: u64,
-}
-
-impl Prepared {
-    /// Engine params of every choice of prompt `p`, choices seeded apart.
-    pub fn params(
-        &self,
-        state: &AppState,
-        p: usize,
-    ) -> Result<Vec<crate::engine::GenParams>, ServeError> {
-        (0..self.choices)
-            .map(|j| {
-                self.sampling.gen_params(
-                    state,
-                    self.prompts[p].len(),
-                    self.seed,
-                    p * self.choices + j,
-                )
-            })
-            .collect()
-    }
 }
 
 fn completion_prompts(
@@ -473,42 +417,6 @@ fn weight_version(done: &[super::run::Completed]) -> u64 {
         .unwrap_or(0)
 }
 
-/// Token counts of a response (OpenAI's `usage`).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Usage {
-    /// Prompt tokens of every prompt of the request (each counted once, whatever `n`).
-    pub prompt_tokens: usize,
-    /// Tokens generated, over every choice.
-    pub completion_tokens: usize,
-    /// Prompt tokens served from the prefix cache instead of prefilled
-    /// (`prompt_tokens_details.cached_tokens`).
-    pub cached_tokens: u64,
-}
-
-impl Usage {
-    /// Counts one prompt of `tokens` tokens, `cached` of them from the prefix cache.
-    pub fn add_prompt(&mut self, tokens: usize, cached: u64) {
-        self.prompt_tokens += tokens;
-        self.cached_tokens += cached;
-    }
-
-    /// OpenAI's `usage` object, `total_tokens` and `prompt_tokens_details` included.
-    pub fn to_json(self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
-        })
-    }
-}
-
-/// `tokens` as text, with the served model's tokenizer; an id it cannot decode is
-/// an error.
-pub fn decode(state: &AppState, tokens: &[TokenId]) -> Result<String, ServeError> {
-    Ok(state.model.tokenizer.decode(tokens)?)
-}
-
 /// A whole generation's tokens, logprobs and alternatives.
 pub fn logged(g: &Generation) -> LoggedTokens<'_> {
     LoggedTokens {
@@ -528,7 +436,7 @@ impl KnownFields for CompletionRequest {
             "best_of",
             "suffix",
         ];
-        first_unknown(body, "", &[&own, CommonFields::FIELDS, ACCEPTED_IGNORED])
+        first_unknown(body, "", &[&own, CommonFields::fields(), ACCEPTED_IGNORED])
     }
 }
 
@@ -541,6 +449,6 @@ impl KnownFields for ChatRequest {
             "logprobs",
             "top_logprobs",
         ];
-        first_unknown(body, "", &[&own, CommonFields::FIELDS, ACCEPTED_IGNORED])
+        first_unknown(body, "", &[&own, CommonFields::fields(), ACCEPTED_IGNORED])
     }
 }

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::advantage::AdvantageMode;
-use crate::env::{EnvConfig, Split, Task, TaskData};
+use crate::env::{EnvConfig, QaSample, Split, Task, TaskData};
 use crate::rollout::{
     run_rollout, RolloutLimits, RolloutRequest, RunHooks, RunOptions, Selection, TreeConfig,
     TreeOptions,
@@ -120,71 +120,8 @@ pub async fn rollouts(
 ) -> Result<Json<Value>, ServeError> {
     let config = body.config()?;
     let data = TaskData::Embedded;
-    let samples = match (&body.prompts, &body.sample_ids) {
-        (Some(_), Some(_)) => {
-            return Err(ServeError::invalid(
-                "prompts",
-                "give `prompts` or `sample_ids`, not both",
-            ))
-        }
-        (Some(n), None) if *n == 0 || *n > MAX_PROMPTS => {
-            return Err(ServeError::invalid(
-                "prompts",
-                format!("between 1 and {MAX_PROMPTS}"),
-            ))
-        }
-        (Some(n), None) => body.task.split(&data, Split::Train, *n)?,
-        (None, Some(ids)) if ids.len() > MAX_PROMPTS => {
-            return Err(ServeError::invalid(
-                "sample_ids",
-                format!("at most {MAX_PROMPTS} ids"),
-            ))
-        }
-        (None, Some(ids)) if has_duplicates(ids) => {
-            return Err(ServeError::invalid(
-                "sample_ids",
-                "each id at most once (ask for more trees instead)",
-            ))
-        }
-        (None, Some(ids)) => {
-            let all = body.task.split(&data, Split::Train, usize::MAX)?;
-            ids.iter()
-                .map(|id| {
-                    all.iter()
-                        .find(|s| s.id.as_str() == id)
-                        .cloned()
-                        .ok_or_else(|| {
-                            ServeError::invalid("sample_ids", format!("no training sample '{id}'"))
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?
-        }
-        (None, None) => {
-            return Err(ServeError::invalid(
-                "prompts",
-                "`prompts` or `sample_ids` is needed",
-            ))
-        }
-    };
-    if samples.is_empty() {
-        return Err(ServeError::invalid(
-            "sample_ids",
-            "at least one sample is needed",
-        ));
-    }
-    let limits = RolloutLimits {
-        max_leaves: state.config.max_rollout_leaves,
-        max_step_tokens: state.max_positions(),
-        max_turns: MAX_TURNS,
-    };
-    limits
-        .check(&config, samples.len(), body.turns)
-        .map_err(ServeError::TreeConfig)?;
-    let leaves = config
-        .shape
-        .max_leaves()
-        .map_or(u64::MAX, |l| l.saturating_mul(samples.len() as u64));
-    let at_once = leaves.min(state.config.max_running as u64) as usize;
+    let samples = chosen_samples(&body, &data)?;
+    let at_once = sequences_at_once(&state, &config, samples.len(), body.turns)?;
     let env = body.task.environment(
         &data,
         EnvConfig {
@@ -222,6 +159,97 @@ pub async fn rollouts(
         "trajectories": result.records,
         "forests": result.trees,
     })))
+}
+
+/// The training questions the body asks for: its task's first `prompts`, or those
+/// `sample_ids` in the order given. Exactly one of the two must be given, within
+/// [`MAX_PROMPTS`], ids at most once and each one known; at least one sample.
+fn chosen_samples(body: &RolloutBody, data: &TaskData) -> Result<Vec<QaSample>, ServeError> {
+    let samples = match (&body.prompts, &body.sample_ids) {
+        (Some(_), Some(_)) => {
+            return Err(ServeError::invalid(
+                "prompts",
+                "give `prompts` or `sample_ids`, not both",
+            ))
+        }
+        (Some(n), None) if *n == 0 || *n > MAX_PROMPTS => {
+            return Err(ServeError::invalid(
+                "prompts",
+                format!("between 1 and {MAX_PROMPTS}"),
+            ))
+        }
+        (Some(n), None) => body.task.split(data, Split::Train, *n)?,
+        (None, Some(ids)) if ids.len() > MAX_PROMPTS => {
+            return Err(ServeError::invalid(
+                "sample_ids",
+                format!("at most {MAX_PROMPTS} ids"),
+            ))
+        }
+        (None, Some(ids)) if has_duplicates(ids) => {
+            return Err(ServeError::invalid(
+                "sample_ids",
+                "each id at most once (ask for more trees instead)",
+            ))
+        }
+        (None, Some(ids)) => samples_by_id(body, data, ids)?,
+        (None, None) => {
+            return Err(ServeError::invalid(
+                "prompts",
+                "`prompts` or `sample_ids` is needed",
+            ))
+        }
+    };
+    if samples.is_empty() {
+        return Err(ServeError::invalid(
+            "sample_ids",
+            "at least one sample is needed",
+        ));
+    }
+    Ok(samples)
+}
+
+/// The task's training samples with these ids, in the order asked; the first id
+/// with no sample is the error.
+fn samples_by_id(
+    body: &RolloutBody,
+    data: &TaskData,
+    ids: &[String],
+) -> Result<Vec<QaSample>, ServeError> {
+    let all = body.task.split(data, Split::Train, usize::MAX)?;
+    ids.iter()
+        .map(|id| {
+            all.iter()
+                .find(|s| s.id.as_str() == id)
+                .cloned()
+                .ok_or_else(|| {
+                    ServeError::invalid("sample_ids", format!("no training sample '{id}'"))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()
+}
+
+/// Checks the search against the server's [`RolloutLimits`] and says how many
+/// sequences the run may hold at once (what it asks the admission gate for): its
+/// most leaves over all `prompts`, capped at `--max-running`.
+fn sequences_at_once(
+    state: &AppState,
+    config: &TreeConfig,
+    prompts: usize,
+    turns: usize,
+) -> Result<usize, ServeError> {
+    let limits = RolloutLimits {
+        max_leaves: state.config.max_rollout_leaves,
+        max_step_tokens: state.max_positions(),
+        max_turns: MAX_TURNS,
+    };
+    limits
+        .check(config, prompts, turns)
+        .map_err(ServeError::TreeConfig)?;
+    let leaves = config
+        .shape
+        .max_leaves()
+        .map_or(u64::MAX, |l| l.saturating_mul(prompts as u64));
+    Ok(leaves.min(state.config.max_running as u64) as usize)
 }
 
 /// Whether an id is asked for twice.

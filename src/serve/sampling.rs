@@ -45,6 +45,9 @@ pub struct SamplingFields {
     /// Subtracted from a token's logit per time it was already generated (0 or
     /// absent: off).
     pub frequency_penalty: Option<f32>,
+    /// vLLM's `min_tokens`: fewest tokens before a stop token or string may end the
+    /// generation (0 or absent: off; at most `max_new_tokens`).
+    pub min_tokens: Option<usize>,
     /// Alternatives per token (the OpenAI endpoints set it from `logprobs` /
     /// `top_logprobs`).
     #[serde(skip)]
@@ -52,6 +55,14 @@ pub struct SamplingFields {
 }
 
 impl SamplingFields {
+    /// The fields of every generating endpoint's sampling parameters, under SGLang's
+    /// and vLLM's names: those this struct deserialises (aliases included), read from
+    /// its derived `Deserialize`, so a field added here is known at once.
+    pub fn fields() -> &'static [&'static str] {
+        static FIELDS: std::sync::OnceLock<&'static [&'static str]> = std::sync::OnceLock::new();
+        FIELDS.get_or_init(super::known_fields::fields_of::<SamplingFields>)
+    }
+
     /// The engine's params for choice `choice` of a prompt of `prompt_len` tokens.
     /// Without `max_new_tokens` the generation may fill the context; with it, the
     /// prompt and the tokens asked for must fit the context (400 otherwise, as vLLM
@@ -105,6 +116,7 @@ impl SamplingFields {
         let params = GenParams {
             sampling: self.sampling()?,
             max_new_tokens,
+            min_tokens: self.min_tokens.unwrap_or(0),
             stop_tokens,
             stop_strings,
             seed: vec![seed, choice as u64],
@@ -172,4 +184,25 @@ pub fn visible_text(text: &str, stops: &[String]) -> String {
         .min()
         .unwrap_or(text.len());
     text[..cut].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sampling_fields_are_the_structs_aliases_included() {
+        let names = SamplingFields::fields();
+        for field in [
+            "max_new_tokens",
+            "temperature",
+            "min_tokens",
+            "seed",
+            "sampling_seed",
+        ] {
+            assert!(names.contains(&field), "{field} missing from {names:?}");
+        }
+        // `top_logprobs` is set by the OpenAI endpoints, never read from a body.
+        assert!(!names.contains(&"top_logprobs"));
+    }
 }

@@ -2,7 +2,7 @@
 //! sequence the client drives step by step — generate, append an observation, fork
 //! into branches that share its computed prefix (nothing is recomputed), close.
 //!
-//! The table maps session ids to sequences. A session is *leased* while an operation
+//! The table (`session_table.rs`) maps session ids to sequences. A session is *leased* while an operation
 //! runs on it (a second one at once gets 409); an operation whose client goes away
 //! mid-way (its handler is dropped) closes the session and frees its sequence, since
 //! what it holds is then unknown to the client. Idle sessions close after the TTL;
@@ -12,24 +12,19 @@
 //! branches too): to any other key it does not exist (404, so an id cannot even be
 //! confirmed).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
-
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::engine::{Engine, WeightVersion};
-use crate::kv::SeqId;
 use crate::model::TokenId;
 
 use super::blocking::off_the_workers;
 use super::body::{chat_prompt, text_or_ids, ApiJson, MessageInput};
 use super::error::ServeError;
-use super::known_fields::{first_unknown, KnownFields, SAMPLING};
+use super::known_fields::{first_unknown, KnownFields};
 use super::sampling::{finish_reason, visible_text, SamplingFields};
+use super::session_table::{owned, Caller};
 use super::state::AppState;
 
 /// A session's default `max_new_tokens` (SGLang's default), so a step ends without
@@ -37,226 +32,6 @@ use super::state::AppState;
 const DEFAULT_STEP_TOKENS: usize = 128;
 /// Most branches one fork makes.
 const MAX_FORK: usize = 256;
-
-/// Who sent a request: which of the server's API keys it carried (`require_key`
-/// puts one on every request). Without keys everyone is the same caller.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Caller(Option<usize>);
-
-impl Caller {
-    /// The caller of a server without API keys.
-    pub const ANYONE: Caller = Caller(None);
-
-    /// The caller holding the server's `index`th key.
-    pub fn key(index: usize) -> Caller {
-        Caller(Some(index))
-    }
-}
-
-struct Session {
-    seq: SeqId,
-    /// The caller that created it (or the session it was forked from).
-    owner: Caller,
-    /// Every token of the session: the prompt, appended and generated tokens.
-    tokens: Vec<TokenId>,
-    /// The weights of its last generation (or those served when it was created).
-    weight_version: WeightVersion,
-    last_used: Instant,
-    leased: bool,
-}
-
-/// The live sessions.
-pub struct SessionTable {
-    sessions: Mutex<HashMap<String, Session>>,
-    max: usize,
-    ttl: Duration,
-}
-
-impl SessionTable {
-    /// An empty table holding at most `max` sessions, each closed after `ttl` idle.
-    pub fn new(max: usize, ttl: Duration) -> Self {
-        SessionTable {
-            sessions: Mutex::new(HashMap::new()),
-            max,
-            ttl,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
-        // A panic while the lock was held cannot leave a session half-written (each
-        // change is one insert or field store), so a poisoned lock is still usable.
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Live sessions, leased or not.
-    pub fn len(&self) -> usize {
-        self.lock().len()
-    }
-
-    /// Whether no session is live.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Whether `n` more sessions fit.
-    fn check_room(&self, n: usize) -> Result<(), ServeError> {
-        if self.len() + n > self.max {
-            return Err(ServeError::SessionLimit { limit: self.max });
-        }
-        Ok(())
-    }
-
-    /// A new session id: 128 bits from the operating system's random source, so an
-    /// id cannot be guessed from another (a counter's ids could be).
-    fn fresh_id(&self) -> Result<String, ServeError> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes).map_err(ServeError::RandomSource)?;
-        Ok(format!("sess-{:032x}", u128::from_le_bytes(bytes)))
-    }
-
-    /// Adds a session over `seq` (the caller frees `seq` if this fails).
-    fn insert(
-        &self,
-        owner: Caller,
-        seq: SeqId,
-        tokens: Vec<TokenId>,
-        weight_version: WeightVersion,
-    ) -> Result<String, ServeError> {
-        let mut sessions = self.lock();
-        if sessions.len() >= self.max {
-            return Err(ServeError::SessionLimit { limit: self.max });
-        }
-        let id = self.fresh_id()?;
-        sessions.insert(
-            id.clone(),
-            Session {
-                seq,
-                owner,
-                tokens,
-                weight_version,
-                last_used: Instant::now(),
-                leased: false,
-            },
-        );
-        Ok(id)
-    }
-
-    /// Leases session `id`, which `caller` must own, for one operation.
-    fn lease<'a>(
-        &'a self,
-        id: &str,
-        caller: Caller,
-        engine: &Engine,
-    ) -> Result<Lease<'a>, ServeError> {
-        let mut sessions = self.lock();
-        let s = owned(sessions.get_mut(id), id, caller)?;
-        if s.leased {
-            return Err(ServeError::SessionBusy(id.to_string()));
-        }
-        s.leased = true;
-        s.last_used = Instant::now();
-        Ok(Lease {
-            table: self,
-            engine: engine.clone(),
-            id: id.to_string(),
-            seq: s.seq,
-            tokens: s.tokens.clone(),
-            weight_version: s.weight_version,
-            done: false,
-        })
-    }
-
-    fn remove(&self, id: &str) -> Option<SeqId> {
-        self.lock().remove(id).map(|s| s.seq)
-    }
-
-    /// Removes session `id` if `caller` owns it; its sequence, to be freed.
-    fn remove_owned(&self, id: &str, caller: Caller) -> Result<SeqId, ServeError> {
-        let mut sessions = self.lock();
-        owned(sessions.get_mut(id), id, caller)?;
-        Ok(sessions.remove(id).expect("checked above").seq)
-    }
-
-    /// Closes sessions idle past the TTL; returns their sequences, to be freed.
-    pub fn expire(&self) -> Vec<SeqId> {
-        let now = Instant::now();
-        let mut sessions = self.lock();
-        let expired: Vec<String> = sessions
-            .iter()
-            .filter(|(_, s)| !s.leased && now.duration_since(s.last_used) >= self.ttl)
-            .map(|(id, _)| id.clone())
-            .collect();
-        expired
-            .iter()
-            .filter_map(|id| sessions.remove(id).map(|s| s.seq))
-            .collect()
-    }
-
-    /// How often the reaper should look for expired sessions.
-    pub fn sweep_interval(&self) -> Duration {
-        (self.ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(5))
-    }
-
-    /// Every session's sequence, emptying the table (server shutdown).
-    pub fn drain(&self) -> Vec<SeqId> {
-        self.lock().drain().map(|(_, s)| s.seq).collect()
-    }
-}
-
-/// Session `id` if `caller` owns it; to any other caller it is unknown (404).
-fn owned<S: std::ops::Deref<Target = Session>>(
-    session: Option<S>,
-    id: &str,
-    caller: Caller,
-) -> Result<S, ServeError> {
-    match session {
-        Some(s) if s.owner == caller => Ok(s),
-        _ => Err(ServeError::UnknownSession(id.to_string())),
-    }
-}
-
-/// One operation's hold on a session. [`Lease::finish`] records what it added and
-/// ends the lease; dropped unfinished (the client went away mid-operation) it closes
-/// the session and frees its sequence.
-struct Lease<'a> {
-    table: &'a SessionTable,
-    engine: Engine,
-    id: String,
-    seq: SeqId,
-    tokens: Vec<TokenId>,
-    weight_version: WeightVersion,
-    done: bool,
-}
-
-impl Lease<'_> {
-    fn finish(mut self, added: &[TokenId], weight_version: Option<WeightVersion>) -> usize {
-        self.done = true;
-        let mut sessions = self.table.lock();
-        match sessions.get_mut(&self.id) {
-            Some(s) => {
-                s.tokens.extend_from_slice(added);
-                if let Some(v) = weight_version {
-                    s.weight_version = v;
-                }
-                s.leased = false;
-                s.last_used = Instant::now();
-                s.tokens.len()
-            }
-            // Deleted while the operation ran.
-            None => self.tokens.len() + added.len(),
-        }
-    }
-}
-
-impl Drop for Lease<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            if let Some(seq) = self.table.remove(&self.id) {
-                self.engine.release(seq);
-            }
-        }
-    }
-}
 
 /// The JSON body of `POST /v1/sessions`: exactly one of `messages` (rendered with
 /// the model's chat template), `text` or `input_ids`; the session starts with
@@ -501,7 +276,7 @@ impl KnownFields for GenerateRequest {
             first_unknown(
                 body.get("sampling_params")?,
                 "sampling_params.",
-                &[SAMPLING],
+                &[SamplingFields::fields()],
             )
         })
     }

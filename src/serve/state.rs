@@ -14,8 +14,8 @@ use crate::model::LoadedModel;
 use crate::random::{mix64, GOLDEN};
 
 use super::error::ServeError;
-use super::metrics::Metrics;
-use super::sessions::SessionTable;
+use super::request_metrics::Metrics;
+use super::session_table::SessionTable;
 
 /// The server's limits and identity (`treegrpo serve`'s flags).
 #[derive(Debug, Clone)]

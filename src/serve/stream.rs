@@ -21,7 +21,7 @@ use crate::model::TokenId;
 
 use super::error::{error_chain, ServeError};
 use super::logprobs::{self, LoggedTokens, TokenSpelling};
-use super::openai::{decode, Prepared, Usage};
+use super::prepared::{decode, Prepared, Usage};
 use super::run::{stream as start_streams, Started};
 use super::sampling::{finish_reason, visible_text};
 use super::state::AppState;

@@ -54,5 +54,5 @@ pub trait Decoder {
 
     /// The accumulated gradients, one tensor per weight in
     /// [`Params::named`](super::params::Params::named) order.
-    fn into_tensors(&self, grads: Self::Grads) -> Result<Vec<Tensor>, TrainError>;
+    fn gradient_tensors(&self, grads: Self::Grads) -> Result<Vec<Tensor>, TrainError>;
 }

@@ -378,7 +378,7 @@ impl<'a> Update<'a> {
                 });
             }
         }
-        let grads: Option<Vec<Tensor>> = grads.map(|g| decoder.into_tensors(g)).transpose()?;
+        let grads: Option<Vec<Tensor>> = grads.map(|g| decoder.gradient_tensors(g)).transpose()?;
         Ok(Evaluated {
             loss: total,
             grads,

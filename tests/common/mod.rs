@@ -8,6 +8,7 @@ pub mod python;
 pub mod reference_bpe;
 pub mod rng;
 pub mod server;
+pub mod single_sequence;
 pub mod tiny;
 
 use std::path::PathBuf;
@@ -116,4 +117,21 @@ pub fn wait_for_log_lines(child: &mut std::process::Child, log: &std::path::Path
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
+}
+
+/// The `treegrpo` binary this test build made, as a command to add arguments to.
+pub fn treegrpo() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_treegrpo"))
+}
+
+/// Runs `cmd` to the end (no stdin) and returns its stdout; fails the test with its
+/// stderr unless it succeeded.
+pub fn run_ok(cmd: &mut std::process::Command) -> String {
+    let output = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
 }

@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::single_sequence::{generate, GenerateRequest};
 use serde_json::Value;
-use treegrpo::engine::{generate, Engine, EngineConfig, GenerateRequest, Sampling};
+use treegrpo::engine::{Engine, EngineConfig, Sampling};
 use treegrpo::model::{LoadedModel, Model};
 use treegrpo::serve::{ServeConfig, Server};
 

@@ -16,7 +16,7 @@ use super::common::batch::{assert_batch_invariant, run_steps};
 use super::{quantized, Lcg, QUANT};
 use treegrpo::engine::{Engine, EngineConfig, EngineError};
 use treegrpo::kv::{KvCache, KvConfig};
-use treegrpo::model::kernels::int8::vnni_available;
+use treegrpo::model::kernels::vnni_available;
 use treegrpo::model::kernels::{Epilogue, Int8Matrix, OutputSink, PackedMatrix};
 use treegrpo::model::{
     BatchSeq, ChatMessage, ForwardBatch, KvFormat, LoadedModel, LogitsWanted, Model, Precision,

@@ -68,6 +68,7 @@ class Session:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         logprobs: int = 0,
+        min_tokens: int = 0,
     ) -> Generation:
         """Generates from the session's tokens; the tokens become part of it."""
     def append(self, token_ids: Sequence[int]) -> None: ...
@@ -108,13 +109,15 @@ class Engine:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         logprobs: int = 0,
+        min_tokens: int = 0,
     ) -> List[Generation]:
         """Completes every prompt (texts or token-id lists) in one batch. Sampling
         reads as vLLM's: ``temperature`` 0 is greedy, ``top_k`` -1 or 0, ``top_p`` 1
         and ``min_p`` 0 are off; a value out of range is a ``ValueError`` in the
         words the CLI and the server use, never coerced. vLLM's
         extensions: ``min_p``, the three penalties (they shape the choice; ``logprobs``
-        stay the model's), ``logprobs=N`` alternatives per token (up to 20)."""
+        stay the model's), ``logprobs=N`` alternatives per token (up to 20),
+        ``min_tokens`` (fewest tokens before a stop token or string may end it)."""
     def agenerate(
         self,
         prompt_ids: Sequence[int],

@@ -137,38 +137,57 @@ fn subjects(w: &World, t: Template) -> usize {
     }
 }
 
+/// A question's text, its accepted answers and the documents that hold them.
+type Facts = (String, Vec<String>, Vec<DocId>);
+
+/// "Who founded C?", in one of two phrasings (one draw from `rng`).
+fn founder(w: &World, i: usize, rng: &mut Rng) -> Facts {
+    let c = &w.companies[i];
+    let q = match rng.below(2) {
+        0 => format!("Who founded {}?", c.name),
+        _ => format!("Who is the founder of {}?", c.name),
+    };
+    (q, vec![w.full_name(c.founder)], vec![w.company_doc(i)])
+}
+
+/// "Where was P born?", in one of two phrasings (one draw from `rng`).
+fn birthplace(w: &World, i: usize, rng: &mut Rng) -> Facts {
+    let p = &w.people[i];
+    let q = match rng.below(2) {
+        0 => format!("Where was {} born?", w.full_name(i)),
+        _ => format!("In which town was {} born?", w.full_name(i)),
+    };
+    (
+        q,
+        vec![w.towns[p.birth_town].name.clone()],
+        vec![w.person_doc(i)],
+    )
+}
+
+/// "Which company makes P?", in one of two phrasings (one draw from `rng`).
+fn maker(w: &World, i: usize, rng: &mut Rng) -> Facts {
+    let p = &w.products[i];
+    let q = match rng.below(2) {
+        0 => format!("Which company makes the {}?", p.name),
+        _ => format!("Who manufactures the {}?", p.name),
+    };
+    (
+        q,
+        vec![w.companies[p.maker].name.clone()],
+        vec![w.product_doc(i)],
+    )
+}
+
+/// Builds template `t`'s question about subject `i`. Only the 1-hop
+/// `Founder`, `Birthplace` and `Maker` templates draw from `rng` (to pick a
+/// phrasing); every other template is fixed text.
 fn draft(w: &World, t: Template, i: usize, rng: &mut Rng) -> Draft {
     use Template::*;
     let town = |k: usize| w.towns[k].name.clone();
-    let (question, answers, gold) = match t {
-        Founder => {
-            let c = &w.companies[i];
-            let q = match rng.below(2) {
-                0 => format!("Who founded {}?", c.name),
-                _ => format!("Who is the founder of {}?", c.name),
-            };
-            (q, vec![w.full_name(c.founder)], vec![w.company_doc(i)])
-        }
-        Birthplace => {
-            let p = &w.people[i];
-            let q = match rng.below(2) {
-                0 => format!("Where was {} born?", w.full_name(i)),
-                _ => format!("In which town was {} born?", w.full_name(i)),
-            };
-            (q, vec![town(p.birth_town)], vec![w.person_doc(i)])
-        }
-        Maker => {
-            let p = &w.products[i];
-            let q = match rng.below(2) {
-                0 => format!("Which company makes the {}?", p.name),
-                _ => format!("Who manufactures the {}?", p.name),
-            };
-            (
-                q,
-                vec![w.companies[p.maker].name.clone()],
-                vec![w.product_doc(i)],
-            )
-        }
+    let (question, answers, gold): Facts = match t {
+        Founder => founder(w, i, rng),
+        Birthplace => birthplace(w, i, rng),
+        Maker => maker(w, i, rng),
         TownRiver => {
             let q = format!("Which river flows through {}?", town(i));
             (q, river_answers(w, w.towns[i].river), vec![w.town_doc(i)])

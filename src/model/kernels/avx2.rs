@@ -3,8 +3,8 @@
 use std::arch::x86_64::*;
 
 use super::kv_elem::{self, KvElem};
+use super::lanes::Lanes;
 use super::row_runs::Rows;
-use super::tile::Lanes;
 
 pub(super) struct Avx2;
 
@@ -216,7 +216,7 @@ pub(super) unsafe fn dot_rows_heads<T: KvElem>(
     let mut j = 0;
     while j + 4 <= n {
         let p: [*const T; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
-        for ahead in (j + super::rows::PREFETCH_ROWS..n).take(4) {
+        for ahead in (j + super::prefetch::PREFETCH_ROWS..n).take(4) {
             kv_elem::prefetch(rows.ptr(ahead).add(offset), dim);
         }
         for h in 0..heads {
@@ -307,4 +307,4 @@ pub(super) unsafe fn reduce_four(s: [__m256; 4]) -> [f32; 4] {
     ]
 }
 
-super::tile::entry_points!(Avx2, "avx2,fma,f16c");
+super::entry_points::entry_points!(Avx2, "avx2,fma,f16c");

@@ -3,8 +3,8 @@
 use std::arch::x86_64::*;
 
 use super::kv_elem::{self, KvElem};
+use super::lanes::Lanes;
 use super::row_runs::Rows;
-use super::tile::Lanes;
 
 pub(super) struct Avx512;
 
@@ -116,7 +116,7 @@ pub(super) unsafe fn dot_rows_heads<const H: usize, T: KvElem>(
     let mut j = 0;
     while j + 4 <= n {
         let p: [*const T; 4] = std::array::from_fn(|i| rows.ptr(j + i).add(offset));
-        for ahead in (j + super::rows::PREFETCH_ROWS..n).take(4) {
+        for ahead in (j + super::prefetch::PREFETCH_ROWS..n).take(4) {
             kv_elem::prefetch(rows.ptr(ahead).add(offset), dim);
         }
         let mut acc = [[_mm512_setzero_ps(); 4]; H];
@@ -170,4 +170,4 @@ pub(super) unsafe fn weighted_sum_heads<T: KvElem>(
     }
 }
 
-super::tile::entry_points!(Avx512, "avx512f");
+super::entry_points::entry_points!(Avx512, "avx512f");

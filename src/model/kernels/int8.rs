@@ -25,14 +25,9 @@
 //! Scales and offsets stay f16 (as in the file), so a step reads as many bytes as
 //! ggml's own blocks.
 
-use std::cell::RefCell;
-use std::ops::Range;
-
 use half::f16;
-use rayon::prelude::*;
 
 use super::packed::{PackError, PackedMatrix, WeightFormat, BLOCK, PANEL};
-use super::{split_range, Epilogue, OutputSink, TileSink};
 
 /// A block-quantised matrix laid out for 8-bit activations (see the module docs).
 #[derive(Debug, Clone)]
@@ -182,74 +177,6 @@ impl Int8Matrix {
         }
         w
     }
-
-    /// Runs panels `panels` over `rows` rows of `x` (quantised here, per call) on the
-    /// calling thread, results to `sink`.
-    pub fn gemm_panels(&self, x: &[f32], rows: usize, panels: Range<usize>, sink: &dyn TileSink) {
-        assert!(x.len() >= rows * self.inp, "activation shape");
-        assert!(panels.end <= self.panels, "panel range");
-        SCRATCH.with(|s| {
-            let mut q = s.borrow_mut();
-            #[cfg(target_arch = "x86_64")]
-            if vnni_available() {
-                q.resize(rows, self.inp);
-                // SAFETY: the CPU runs AVX-512F/BW/VNNI and F16C (checked); `q` is
-                // sized for `rows` rows (above); bounds asserted above and inside.
-                unsafe {
-                    super::int8_vnni::quantize(x, &mut q, rows * self.blocks);
-                    super::int8_vnni::gemm(self, &q, rows, panels, sink);
-                }
-                return;
-            }
-            q.quantize(x, rows, self.inp);
-            gemm_scalar(self, &q, rows, panels, sink);
-        })
-    }
-
-    /// [`Self::gemm_panels`] on the scalar variant (the oracle the tests compare the
-    /// VNNI variant with).
-    pub fn gemm_panels_scalar(
-        &self,
-        x: &[f32],
-        rows: usize,
-        panels: Range<usize>,
-        sink: &dyn TileSink,
-    ) {
-        assert!(x.len() >= rows * self.inp, "activation shape");
-        assert!(panels.end <= self.panels, "panel range");
-        let mut q = QuantizedRows::default();
-        q.quantize(x, rows, self.inp);
-        gemm_scalar(self, &q, rows, panels, sink);
-    }
-
-    /// `y = x · Wᵀ` for `x: [rows, in]`, returning `[rows, out]`; panels split over
-    /// rayon's threads.
-    pub fn matmul(&self, x: &[f32], rows: usize) -> Vec<f32> {
-        let mut y = vec![0f32; rows * self.out];
-        let sink = OutputSink::new(&mut y, self.out, self.out, Epilogue::Store);
-        split_range(self.panels, rayon::current_num_threads() * 4)
-            .into_par_iter()
-            .for_each(|range| self.gemm_panels(x, rows, range, &sink));
-        y
-    }
-}
-
-/// Whether the VNNI variant runs here (else the scalar one computes the same values).
-pub fn vnni_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("f16c")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-thread_local! {
-    /// Each thread's quantised activations, reused from call to call.
-    static SCRATCH: RefCell<QuantizedRows> = RefCell::new(QuantizedRows::default());
 }
 
 /// `rows` rows of activations as 8-bit blocks (see the module docs).
@@ -267,7 +194,7 @@ pub(super) struct QuantizedRows {
 
 impl QuantizedRows {
     /// Sizes the buffers for `rows` rows of `inp` values.
-    fn resize(&mut self, rows: usize, inp: usize) {
+    pub(super) fn resize(&mut self, rows: usize, inp: usize) {
         let blocks = inp / BLOCK;
         self.inp = inp;
         self.blocks = blocks;
@@ -278,7 +205,7 @@ impl QuantizedRows {
 
     /// The scalar quantisation (the VNNI variant has a vector twin giving the same
     /// bytes: `int8_vnni::quantize`).
-    fn quantize(&mut self, x: &[f32], rows: usize, inp: usize) {
+    pub(super) fn quantize(&mut self, x: &[f32], rows: usize, inp: usize) {
         self.resize(rows, inp);
         for (i, (src, dst)) in x[..rows * inp]
             .chunks_exact(BLOCK)
@@ -296,36 +223,6 @@ impl QuantizedRows {
             }
             self.dx[i] = d;
             self.sx[i] = d * sum as f32;
-        }
-    }
-}
-
-/// The reference loop: one (row, panel) at a time, the module docs' operations.
-fn gemm_scalar(
-    m: &Int8Matrix,
-    q: &QuantizedRows,
-    rows: usize,
-    panels: Range<usize>,
-    sink: &dyn TileSink,
-) {
-    for p in panels {
-        for r in 0..rows {
-            let mut acc = [0f32; PANEL];
-            for b in 0..m.blocks {
-                let xq = &q.q[r * m.inp + b * BLOCK..][..BLOCK];
-                let (dx, sx) = (q.dx[r * m.blocks + b], q.sx[r * m.blocks + b]);
-                for (l, a) in acc.iter_mut().enumerate() {
-                    // Padding outputs past `out` have zero codes and scales.
-                    let o = p * PANEL + l;
-                    let isum: i32 = (0..BLOCK)
-                        .map(|j| m.code(o, b * BLOCK + j) as i32 * xq[j] as i32)
-                        .sum();
-                    let (d, mm) = m.scale_offset(p, b, l);
-                    *a = (isum as f32).mul_add(d * dx, *a);
-                    *a = mm.mul_add(sx, *a);
-                }
-            }
-            sink.tile(r, 1, p, 1, &[acc]);
         }
     }
 }

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use super::int8::{Int8Matrix, QuantizedRows};
 use super::packed::{BLOCK, PANEL};
-use super::rows::prefetch_bytes;
+use super::prefetch::prefetch_bytes;
 use super::source::block_ahead;
 use super::TileSink;
 

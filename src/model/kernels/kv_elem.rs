@@ -6,7 +6,7 @@
 
 use half::f16;
 
-use super::tile::Lanes;
+use super::lanes::Lanes;
 
 mod sealed {
     pub trait Sealed {}
@@ -86,8 +86,8 @@ pub(super) unsafe fn m256<T: KvElem>(at: *const T) -> std::arch::x86_64::__m256 
     }
 }
 
-/// Asks for `len` values of `T` from `at` (see [`super::rows::prefetch_bytes`]).
+/// Asks for `len` values of `T` from `at` (see [`super::prefetch::prefetch_bytes`]).
 #[inline(always)]
 pub(super) fn prefetch<T>(at: *const T, len: usize) {
-    super::rows::prefetch_bytes(at as *const u8, len * std::mem::size_of::<T>());
+    super::prefetch::prefetch_bytes(at as *const u8, len * std::mem::size_of::<T>());
 }

@@ -9,7 +9,7 @@
 //! - [`rows`]: attention's row loops on the same lanes ([`dot_rows`] for scores,
 //!   [`weighted_sum`] for values), bit-identical on every variant too.
 //! - [`exp`]: softmax's `exp` sixteen at a time, bit-identical to glibc's `expf`.
-//! - [`int8`] (and `int8_vnni.rs`): the fast precision mode's matmul, 8-bit
+//! - [`int8`] (run by `int8_gemm.rs` and `int8_vnni.rs`): the fast precision mode's matmul, 8-bit
 //!   activations against the block quants with integer dot products, as llama.cpp
 //!   does; not exact, but still batch-invariant and equal on its two variants.
 //!
@@ -34,13 +34,17 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod entry_points;
 pub mod exp;
 mod exp_f64;
 pub mod int8;
+mod int8_gemm;
 #[cfg(target_arch = "x86_64")]
 mod int8_vnni;
 pub mod kv_elem;
+mod lanes;
 pub mod packed;
+mod prefetch;
 pub mod row_runs;
 pub mod rows;
 mod scalar;
@@ -55,6 +59,7 @@ use rayon::prelude::*;
 pub use exp::{exp_in_place, exp_in_place_with};
 pub use exp_f64::{exp_f64_in_place, exp_f64_in_place_with};
 pub use int8::Int8Matrix;
+pub use int8_gemm::vnni_available;
 pub use kv_elem::KvElem;
 pub use packed::{PackError, PackedMatrix, WeightFormat, PANEL};
 pub use row_runs::{RowRuns, Rows};

@@ -4,7 +4,7 @@
 
 use half::{bf16, f16};
 
-use super::tile::Lanes;
+use super::lanes::Lanes;
 
 pub(super) struct Scalar;
 
@@ -71,4 +71,4 @@ impl Lanes for Scalar {
     }
 }
 
-super::tile::entry_points!(Scalar);
+super::entry_points::entry_points!(Scalar);

@@ -3,9 +3,9 @@
 //! converts a panel's weights at `k` and `k + 1` exactly, and asks for the block the
 //! loop will need [`PREFETCH_BLOCKS`] later.
 
+use super::lanes::Lanes;
 use super::packed::{BLOCK, PANEL};
-use super::rows::prefetch_bytes;
-use super::tile::Lanes;
+use super::prefetch::prefetch_bytes;
 
 /// Reads a panel's weights as f32 vectors; `Consts` is what a block shares (scales).
 pub(super) trait Source<L: Lanes> {

@@ -1,4 +1,4 @@
-//! The one matmul loop every instruction set runs, written once over [`Lanes`].
+//! The one matmul loop every instruction set runs, written once over `Lanes`.
 //!
 //! Each (row, output) pair owns one accumulator lane, which receives
 //! `fma(x[k], w[k], acc)` for `k = 0, 1, …, in − 1` in that order, starting from zero.
@@ -8,91 +8,10 @@
 
 use std::ops::Range;
 
+use super::lanes::Lanes;
 use super::packed::{PackedMatrix, WeightFormat, BLOCK, PANEL};
 use super::source::{block_ahead, F32Src, HalfSrc, Q4Src, Q8Src, Source};
 use super::{TileSink, MAX_TILE};
-
-/// Sixteen f32 lanes (one panel) on one instruction set. Every method is `unsafe`
-/// because it may use instructions the caller must have checked the CPU has, and
-/// reads through raw pointers the caller keeps in bounds.
-pub(super) trait Lanes {
-    type V: Copy;
-    /// Rows a tile holds when there are several (so the accumulators of
-    /// `PANEL_GROUP × ROW_TILE` vectors stay in registers).
-    const ROW_TILE: usize;
-    /// Panels a tile holds when there are several rows.
-    const PANEL_GROUP: usize;
-    /// Most rows one single-panel tile holds (its accumulators in registers), used
-    /// between one tile and two so converted weights need no scratch; 0: never.
-    const WIDE_ROWS: usize;
-    /// Most rows one tile of half panels ([`Self::Lo`], then [`Self::Hi`]) holds, for
-    /// instruction sets whose registers fit too few rows of whole panels to convert
-    /// each weight in registers for them all; 0: never.
-    const HALF_ROWS: usize;
-    /// The lanes of a panel's first and second eight outputs (`Self` where
-    /// `HALF_ROWS` is 0).
-    type Lo: Lanes;
-    type Hi: Lanes;
-    unsafe fn zero() -> Self::V;
-    unsafe fn load(at: *const f32) -> Self::V;
-    unsafe fn store(at: *mut f32, v: Self::V);
-    unsafe fn splat(x: f32) -> Self::V;
-    /// `a · b + c`, rounded once.
-    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// `a · b + c`, rounded twice (product, then sum).
-    unsafe fn mul_add_twice(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    unsafe fn widen_bf16(at: *const u16) -> Self::V;
-    unsafe fn widen_f16(at: *const u16) -> Self::V;
-    /// Sixteen bytes of Q4 nibble pairs as the weights at `k` (low) and `k + 1` (high):
-    /// `(q − 8)·d` without an offset, `q·d + m` with one. The scales `d` are f16
-    /// values (GGUF stores them so), which makes `q·d` exact in f32: a variant may
-    /// compute `q·d + m` as one fma, the same single rounding as multiply-then-add.
-    unsafe fn q4_pair<const OFFSET: bool>(
-        at: *const u8,
-        d: Self::V,
-        m: Self::V,
-    ) -> (Self::V, Self::V);
-    /// Sixteen signed bytes as `q·d`.
-    unsafe fn q8(at: *const u8, d: Self::V) -> Self::V;
-}
-
-/// The entry points of one instruction set: [`gemm`] and `rows::weighted_sum` on its
-/// [`Lanes`], compiled with its target features (given as a string, none for scalar)
-/// so the generic code inlines into them with those instructions enabled.
-///
-/// Each generated function is `unsafe`: the CPU must run the features (see
-/// `Isa::available`); the bounds are asserted inside the generic code.
-macro_rules! entry_points {
-    ($lanes:ty $(, $feature:literal)?) => {
-        /// # Safety
-        /// The CPU runs this instruction set; bounds are asserted by `tile::gemm`.
-        $(#[target_feature(enable = $feature)])?
-        pub(super) unsafe fn gemm(
-            m: &super::packed::PackedMatrix,
-            x: &[f32],
-            rows: usize,
-            panels: std::ops::Range<usize>,
-            sink: &dyn super::TileSink,
-        ) {
-            super::tile::gemm::<$lanes>(m, x, rows, panels, sink)
-        }
-
-        /// # Safety
-        /// The CPU runs this instruction set; bounds are asserted by
-        /// `rows::weighted_sum`.
-        $(#[target_feature(enable = $feature)])?
-        pub(super) unsafe fn weighted_sum<T: super::KvElem>(
-            rows: super::Rows<T>,
-            offset: usize,
-            probs: &[f32],
-            scale: f32,
-            out: &mut [f32],
-        ) {
-            super::rows::weighted_sum::<$lanes, T>(rows, offset, probs, scale, out)
-        }
-    };
-}
-pub(super) use entry_points;
 
 /// `rows` rows of `x` against panels `panels` of `m`, tiles handed to `sink`.
 ///

@@ -152,6 +152,31 @@ pub fn tree_attention_backward(
     (acc.dq, acc.dk, acc.dv)
 }
 
+/// Where a tile sits and its sizes, worked out once and read by each phase.
+#[derive(Clone, Copy)]
+struct TileDims {
+    /// The KV head.
+    g: usize,
+    /// The first row.
+    i: usize,
+    /// Rows in the block.
+    b: usize,
+    /// Head width.
+    d: usize,
+    /// Query heads per KV head.
+    group: usize,
+    /// Width of a row of queries (`heads · d`).
+    q_dim: usize,
+    /// Width of a row of keys or values (`kv_heads · d`).
+    kv_dim: usize,
+    /// The score scale `1/sqrt(d)`.
+    scale: f32,
+    /// Keys the block's last row attends to.
+    n: usize,
+    /// Query rows of the tile (`group · b`), in (head, row) order.
+    m: usize,
+}
+
 /// The tile of KV head `g` over rows `i..i + b`.
 fn tile(
     layout: &TreeLayout,
@@ -160,15 +185,12 @@ fn tile(
     (g, i, b): (usize, usize, usize),
     acc: &mut Acc,
 ) {
-    let Saved { q, k, v, out, dout } = saved;
     let Heads {
         heads,
         kv_heads,
         head_dim: d,
     } = shape;
     let group = heads / kv_heads;
-    let (q_dim, kv_dim) = (heads * d, kv_heads * d);
-    let scale = 1.0 / (d as f32).sqrt();
     let last = i + b - 1;
     acc.keys.clear();
     acc.keys.extend(
@@ -177,9 +199,40 @@ fn tile(
             .iter()
             .flat_map(|r| r.start as usize..r.end as usize),
     );
-    let n = acc.keys.len();
-    let m = group * b;
-    // Gather the keys and values, and the tile's query rows in (head, row) order.
+    let dims = TileDims {
+        g,
+        i,
+        b,
+        d,
+        group,
+        q_dim: heads * d,
+        kv_dim: kv_heads * d,
+        scale: 1.0 / (d as f32).sqrt(),
+        n: acc.keys.len(),
+        m: group * b,
+    };
+    gather(&dims, saved, acc);
+    probabilities(&dims, acc);
+    score_grads(&dims, acc);
+    add_query_grads(&dims, acc);
+    add_key_value_grads(&dims, acc);
+}
+
+/// Gathers the tile's keys and values (`kn`, `vn`, `[n, d]`), its query rows
+/// and their output gradients in (head, row) order (`qb`, `dob`, `[m, d]`),
+/// and each such row's `D = rowsum(dO∘O)` (`big_d`).
+fn gather(dims: &TileDims, saved: Saved, acc: &mut Acc) {
+    let Saved { q, k, v, out, dout } = saved;
+    let &TileDims {
+        g,
+        i,
+        b,
+        d,
+        group,
+        q_dim,
+        kv_dim,
+        ..
+    } = dims;
     acc.kn.clear();
     acc.vn.clear();
     for &j in &acc.keys {
@@ -202,7 +255,15 @@ fn tile(
             acc.big_d.push(dot);
         }
     }
-    // P: scores, masked softmax per row.
+}
+
+/// `P = softmax(s·Q·Kᵀ)` into `acc.p` (`[m, n]`), recomputed: row `r` (row
+/// `r % b` of the block) sees the first `n − (b − 1 − r % b)` keys, the rest
+/// are zero.
+fn probabilities(dims: &TileDims, acc: &mut Acc) {
+    let &TileDims {
+        b, d, scale, n, m, ..
+    } = dims;
     acc.p.resize(m * n, 0.0);
     mul_bt(&acc.qb, &acc.kn, m, n, d, &mut acc.p);
     for (r, row) in acc.p.chunks_exact_mut(n).enumerate() {
@@ -222,7 +283,11 @@ fn tile(
         }
         masked.fill(0.0);
     }
-    // dS = s·P∘(dO·Vᵀ − D).
+}
+
+/// `dS = s·P∘(dO·Vᵀ − D)` into `acc.ds` (`[m, n]`).
+fn score_grads(dims: &TileDims, acc: &mut Acc) {
+    let &TileDims { d, scale, n, m, .. } = dims;
     acc.ds.resize(m * n, 0.0);
     mul_bt(&acc.dob, &acc.vn, m, n, d, &mut acc.ds);
     for ((ds, p), &dd) in acc
@@ -235,7 +300,21 @@ fn tile(
             *ds = scale * p * (*ds - dd);
         }
     }
-    // dQ = dS·K into the rows' query heads.
+}
+
+/// `dQ = dS·K`, added into the rows' query heads of `acc.dq`.
+fn add_query_grads(dims: &TileDims, acc: &mut Acc) {
+    let &TileDims {
+        g,
+        i,
+        b,
+        d,
+        group,
+        q_dim,
+        n,
+        m,
+        ..
+    } = dims;
     acc.small.resize(m * d, 0.0);
     mul(&acc.ds, &acc.kn, m, d, n, &mut acc.small);
     for (hh, h) in (g * group..(g + 1) * group).enumerate() {
@@ -247,7 +326,14 @@ fn tile(
             }
         }
     }
-    // dK += dSᵀ·Q, dV += Pᵀ·dO, scattered to the keys' rows.
+}
+
+/// `dK += dSᵀ·Q` and `dV += Pᵀ·dO`, scattered to the keys' rows of `acc.dk`
+/// and `acc.dv`.
+fn add_key_value_grads(dims: &TileDims, acc: &mut Acc) {
+    let &TileDims {
+        g, d, kv_dim, n, m, ..
+    } = dims;
     acc.big.resize(n * d, 0.0);
     for (lhs, rhs, sums) in [
         (&acc.ds, &acc.qb, &mut acc.dk),

@@ -64,22 +64,38 @@ pub fn block_backward(
     scratch: &mut BlockScratch,
 ) -> Result<(), TrainError> {
     let c = inp.config;
-    let (hidden, q_dim, kv_dim, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let (hidden, q_dim, ff) = (c.hidden_size, c.q_dim(), c.intermediate_size);
     let rows = inp.x_in.len() / hidden;
-    let eps = c.rms_norm_eps;
-    let (b, rec) = (inp.bufs, inp.record);
     scratch.d_ff_a.resize(rows * ff, 0.0);
     scratch.d_ff_b.resize(rows * ff, 0.0);
     scratch.d_hidden.resize(rows * hidden, 0.0);
     scratch.d_attn.resize(rows * q_dim, 0.0);
+    mlp_backward(inp, weights, slots, dx, grads, scratch)?;
+    attention_sublayer_backward(inp, weights, slots, dx, grads, scratch)
+}
+
+/// The MLP half, `out = x_mid + act·W_downᵀ` with `act = silu(g)·u`: `dx`
+/// holds `d out` on entry and `d x_mid` on return; adds the down, gate, up
+/// and MLP-norm gradients. `scratch` is sized by [`block_backward`].
+fn mlp_backward(
+    inp: &BlockInputs,
+    weights: &LayerParams,
+    slots: &LayerSlots,
+    dx: &mut [f32],
+    grads: &mut Grads,
+    scratch: &mut BlockScratch,
+) -> Result<(), TrainError> {
+    let c = inp.config;
+    let (hidden, ff) = (c.hidden_size, c.intermediate_size);
+    let rows = inp.x_in.len() / hidden;
+    let (b, rec) = (inp.bufs, inp.record);
     let BlockScratch {
         d_ff_a: d_act,
         d_ff_b: d_up,
         d_hidden: dh,
-        d_attn,
+        ..
     } = scratch;
 
-    // MLP: out = x_mid + act·W_downᵀ.
     with_f32(&weights.down, |w| {
         input_grad(dx, w, rows, hidden, ff, d_act, false)
     })?;
@@ -97,13 +113,35 @@ pub fn block_backward(
     rms_norm_backward(
         &rec.x_mid,
         inp.ffn_norm,
-        eps,
+        c.rms_norm_eps,
         dh,
         dx,
         &mut grads.bufs[slots.ffn_norm],
     );
+    Ok(())
+}
 
-    // Attention: x_mid = x + attn·W_oᵀ (dx now holds d x_mid).
+/// The attention half, `x_mid = x + attn(h1)·W_oᵀ` with `h1 = rms(x)`: `dx`
+/// holds `d x_mid` on entry and `d x` on return; adds the o, q, k, v (and
+/// bias) and attention-norm gradients. `scratch` is sized by [`block_backward`].
+fn attention_sublayer_backward(
+    inp: &BlockInputs,
+    weights: &LayerParams,
+    slots: &LayerSlots,
+    dx: &mut [f32],
+    grads: &mut Grads,
+    scratch: &mut BlockScratch,
+) -> Result<(), TrainError> {
+    let c = inp.config;
+    let (hidden, q_dim, kv_dim) = (c.hidden_size, c.q_dim(), c.kv_dim());
+    let rows = inp.x_in.len() / hidden;
+    let (b, rec) = (inp.bufs, inp.record);
+    let BlockScratch {
+        d_hidden: dh,
+        d_attn,
+        ..
+    } = scratch;
+
     with_f32(&weights.o, |w| {
         input_grad(dx, w, rows, hidden, q_dim, d_attn, false)
     })?;
@@ -132,12 +170,7 @@ pub fn block_backward(
     }
     if let Some([bq, bk, bv]) = slots.bias {
         for (slot, d, width) in [(bq, &dq, q_dim), (bk, &dk, kv_dim), (bv, &dv, kv_dim)] {
-            let g = &mut grads.bufs[slot];
-            for row in d.chunks_exact(width) {
-                for (g, &v) in g.iter_mut().zip(row) {
-                    *g += v;
-                }
-            }
+            add_row_sums(&mut grads.bufs[slot], d, width);
         }
     }
     with_f32(&weights.q, |w| {
@@ -155,12 +188,22 @@ pub fn block_backward(
     rms_norm_backward(
         inp.x_in,
         inp.attn_norm,
-        eps,
+        c.rms_norm_eps,
         dh,
         dx,
         &mut grads.bufs[slots.attn_norm],
     );
     Ok(())
+}
+
+/// A bias's gradient: adds each `width`-wide row of `d` to `g`, first row
+/// first.
+fn add_row_sums(g: &mut [f32], d: &[f32], width: usize) {
+    for row in d.chunks_exact(width) {
+        for (g, &v) in g.iter_mut().zip(row) {
+            *g += v;
+        }
+    }
 }
 
 /// SwiGLU's backward: `act = silu(g)·u` with `silu(g) = g·σ(g)`; `d_act` is replaced by

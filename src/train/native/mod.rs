@@ -213,7 +213,7 @@ impl<'p> NativeDecoder<'p> {
         grads: &mut Grads,
     ) -> Result<(), TrainError> {
         let c = self.model.config();
-        let (hidden, rows, m) = (c.hidden_size, batch.tokens.len(), batch.targets.len());
+        let m = batch.targets.len();
         if fwd.layer_inputs.len() != c.num_layers || g_logp.len() != m || g_entropy.len() != m {
             return Err(TrainError::BadBatch(format!(
                 "a backward of {} targets given {} and {} gradients, after a forward that kept {} layers",
@@ -223,7 +223,26 @@ impl<'p> NativeDecoder<'p> {
                 fwd.layer_inputs.len()
             )));
         }
-        let eps = c.rms_norm_eps;
+        let mut dx = self.head_backward(batch, &fwd, g_logp, g_entropy, grads)?;
+        self.layers_backward(batch, &mut fwd, &mut dx, grads)?;
+        let emb = &mut grads.bufs[grads.embedding];
+        add_rows(emb, &batch.tokens, &dx, c.hidden_size);
+        Ok(())
+    }
+
+    /// The head's and the final norm's backward: adds their weights' gradients
+    /// to `grads` and returns the gradient at the last layer's output, one
+    /// `hidden` row per batch row (zero on the rows that score nothing).
+    fn head_backward(
+        &self,
+        batch: &PackedBatch,
+        fwd: &NativeForward,
+        g_logp: &[f64],
+        g_entropy: &[f64],
+        grads: &mut Grads,
+    ) -> Result<Vec<f32>, TrainError> {
+        let c = self.model.config();
+        let (hidden, rows, m) = (c.hidden_size, batch.tokens.len(), batch.targets.len());
         let mut dhs = vec![0f32; m * hidden];
         let head_slot = grads.head;
         with_f32(self.params.head(), |w| {
@@ -245,19 +264,29 @@ impl<'p> NativeDecoder<'p> {
         rms_norm_backward(
             &fwd.x_scored,
             &self.model.final_norm,
-            eps,
+            c.rms_norm_eps,
             &dhs,
             &mut dx_scored,
             &mut grads.bufs[grads.final_norm],
         );
         drop(dhs);
-        for (&r, d) in batch.score_rows.iter().zip(dx_scored.chunks_exact(hidden)) {
-            for (a, b) in dx[r as usize * hidden..][..hidden].iter_mut().zip(d) {
-                *a += b;
-            }
-        }
-        drop(dx_scored);
+        add_rows(&mut dx, &batch.score_rows, &dx_scored, hidden);
+        Ok(dx)
+    }
 
+    /// The blocks' backward, top layer first: each layer's forward is run
+    /// again from its saved input (consumed from `fwd.layer_inputs`) to record
+    /// what [`block_backward`] reads, which then takes `dx` from the layer's
+    /// output to its input and adds the layer's weight gradients to `grads`.
+    fn layers_backward(
+        &self,
+        batch: &PackedBatch,
+        fwd: &mut NativeForward,
+        dx: &mut [f32],
+        grads: &mut Grads,
+    ) -> Result<(), TrainError> {
+        let c = self.model.config();
+        let rows = batch.tokens.len();
         let layout = &*batch.layout;
         let mut store = TreeKvStore::new(layout, &fwd.spans, c.kv_dim());
         let mut bufs = LayerBuffers::new(c, rows);
@@ -293,18 +322,23 @@ impl<'p> NativeDecoder<'p> {
                 &inputs,
                 &self.params.layers[l],
                 &slots,
-                &mut dx,
+                dx,
                 grads,
                 &mut scratch,
             )?;
         }
-        let emb = &mut grads.bufs[grads.embedding];
-        for (&t, d) in batch.tokens.iter().zip(dx.chunks_exact(hidden)) {
-            for (a, b) in emb[t as usize * hidden..][..hidden].iter_mut().zip(d) {
-                *a += b;
-            }
-        }
         Ok(())
+    }
+}
+
+/// Adds each `hidden`-wide row of `src` to row `rows[k]` of `dst`, in order
+/// (a row named twice gets both, the first first): how a gradient over a
+/// subset or a gather of rows lands back on the rows it came from.
+fn add_rows(dst: &mut [f32], rows: &[u32], src: &[f32], hidden: usize) {
+    for (&r, d) in rows.iter().zip(src.chunks_exact(hidden)) {
+        for (a, b) in dst[r as usize * hidden..][..hidden].iter_mut().zip(d) {
+            *a += b;
+        }
     }
 }
 
@@ -342,7 +376,7 @@ impl Decoder for NativeDecoder<'_> {
         NativeDecoder::backward(self, batch, saved, g_logp, g_entropy, grads)
     }
 
-    fn into_tensors(&self, grads: Grads) -> Result<Vec<Tensor>, TrainError> {
+    fn gradient_tensors(&self, grads: Grads) -> Result<Vec<Tensor>, TrainError> {
         grads.into_tensors()
     }
 }

@@ -95,7 +95,7 @@ impl Decoder for AutodiffDecoder<'_> {
         Ok(())
     }
 
-    fn into_tensors(&self, grads: Vec<Tensor>) -> Result<Vec<Tensor>, TrainError> {
+    fn gradient_tensors(&self, grads: Vec<Tensor>) -> Result<Vec<Tensor>, TrainError> {
         Ok(grads)
     }
 }

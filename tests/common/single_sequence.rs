@@ -1,15 +1,18 @@
-//! Generation of one sequence over a dense KV store: what `treegrpo generate` runs.
+//! Generation of one sequence over a dense KV store, one token per forward: the
+//! second implementation the engine's batched, paged path is checked against (the
+//! tests compare the server's and the engine's tokens and logprobs with it). It
+//! shares the engine's sampler (`draw`) and finish rule (`check_sampled`), so what it
+//! checks is the batching, the paged KV cache and the scheduling around them.
 
-use crate::model::{
+use treegrpo::engine::penalties::TokenHistory;
+use treegrpo::engine::sampling::{draw, DrawOptions};
+use treegrpo::engine::stop::check_sampled;
+use treegrpo::engine::{
+    EngineError, GenParams, Penalties, SampledToken, Sampling, SeqRng, StopReason,
+};
+use treegrpo::model::{
     BatchSeq, DenseKvStore, ForwardBatch, LogitsWanted, Model, ModelError, TokenId,
 };
-
-use super::error::EngineError;
-
-use super::penalties::{Penalties, TokenHistory};
-use super::rng::SeqRng;
-use super::sampling::{draw, DrawOptions, SampledToken, Sampling};
-use super::stop::{check_sampled, GenParams, StopReason};
 
 /// What to generate.
 #[derive(Debug, Clone)]
@@ -94,13 +97,9 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration
     }
     let params = GenParams {
         sampling: req.sampling,
-        max_new_tokens: req.max_new_tokens,
         stop_tokens: req.stop_tokens.clone(),
-        stop_strings: Vec::new(),
-        seed: Vec::new(),
         penalties: req.penalties,
-        top_logprobs: 0,
-        boost: None,
+        ..GenParams::greedy(req.max_new_tokens)
     };
     let mut history = TokenHistory::new(req.prompt.iter().copied());
     let mut tokens: Vec<SampledToken> = Vec::new();
@@ -116,8 +115,7 @@ pub fn generate(model: &Model, req: &GenerateRequest) -> Result<SingleGeneration
         let options = DrawOptions {
             penalties: &req.penalties,
             history: Some(&history),
-            top_logprobs: 0,
-            draw_from: None,
+            ..DrawOptions::PLAIN
         };
         let next = draw(&logits, &req.sampling, options, &mut rng).sampled;
         let verdict = check_sampled(
