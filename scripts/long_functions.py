@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Functions over 100 lines and files over 600 lines, in src/ and tests/.
+"""Functions over 100 lines and files over 600 lines: in src/, python/src/, benches/
+and examples/ (the rule), and with --tests in tests/ too (reported, scenario tests
+may run long).
 
 A function is counted from its `fn` line to its closing brace (comments and blank
 lines included: they are read too). Kernels may be long and straight-line where
@@ -7,6 +9,7 @@ that is the clearest form; such a function carries a `// long-by-design:` commen
 with the reason within the five lines above its `fn`, and is listed apart.
 
     python3 scripts/long_functions.py          # report; exit 1 if any is over
+    python3 scripts/long_functions.py --tests  # the tests as well
     python3 scripts/long_functions.py --limit 80 --file-limit 500
 """
 
@@ -76,9 +79,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=100)
     ap.add_argument("--file-limit", type=int, default=600)
+    ap.add_argument("--tests", action="store_true", help="also check tests/")
     args = ap.parse_args()
     over, by_design, long_files = [], [], []
-    for folder in ("src", "tests", "benches", "python/src"):
+    folders = ["src", "python/src", "benches", "examples"] + (["tests"] if args.tests else [])
+    for folder in folders:
         for path in sorted((ROOT / folder).rglob("*.rs")):
             rel = path.relative_to(ROOT)
             n = len(path.read_text().splitlines())

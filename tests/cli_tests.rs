@@ -448,3 +448,33 @@ fn rollout_refuses_keep_zero_and_a_negative_temperature_up_front() {
     let want = treegrpo::engine::SamplingError::Temperature(-1.0).to_string();
     assert!(stderr.contains(&want), "bench: {stderr}");
 }
+
+/// `treegrpo train` without flags runs the library's `LoopConfig::default()`: every
+/// default is written once, in the library (Python's `Trainer` without keywords is
+/// checked against the same output in python/tests/test_trainer.py).
+#[test]
+fn train_without_flags_runs_the_librarys_default_config() {
+    let out = treegrpo()
+        .args(["train", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let default = serde_json::to_value(treegrpo::closed_loop::LoopConfig::default()).unwrap();
+    assert_eq!(printed, default);
+    // A setting the library refuses is refused through the flag's own name.
+    let out = treegrpo()
+        .args(["train", "--print-config", "--prompts-per-step", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--prompts-per-step: prompts_per_step must be at least 1"),
+        "{stderr}"
+    );
+}

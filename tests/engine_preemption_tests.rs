@@ -155,6 +155,9 @@ impl Run {
             36..=55 => {
                 let Some(h) = self.pick_idle(rng) else { return };
                 let room = MAX_LEN - self.known[&h].tokens.len();
+                if room == 0 {
+                    return; // a generation needs room for at least one token
+                }
                 let sampling = if rng.below(2) == 0 {
                     Sampling::Greedy
                 } else {
@@ -171,6 +174,7 @@ impl Run {
                     boost: None,
                     sampling,
                     max_new_tokens: rng.range(1, 10).min(room),
+                    min_tokens: 0,
                     stop_tokens: Vec::new(),
                     stop_strings: Vec::new(),
                     seed: vec![rng.next()],

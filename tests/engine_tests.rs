@@ -110,6 +110,7 @@ fn sampling(seed: u64) -> GenParams {
             top_p: Some(0.95),
         },
         max_new_tokens: 24,
+        min_tokens: 0,
         stop_tokens: Vec::new(),
         stop_strings: Vec::new(),
         seed: vec![seed],

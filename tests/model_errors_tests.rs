@@ -18,8 +18,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::Value;
 use candle_core::{DType, Device, Tensor};
+use common::single_sequence::{generate, GenerateRequest};
 use common::tiny::{write_gguf, Flavour, TinyModel};
-use treegrpo::engine::{generate, EngineError, GenerateRequest, Sampling, StopReason};
+use treegrpo::engine::{EngineError, Sampling, StopReason};
 use treegrpo::model::{LoadedModel, ModelError};
 
 fn load_err(path: &Path) -> ModelError {

@@ -312,3 +312,34 @@ fn a_banned_token_is_never_drawn_and_the_behaviour_is_renormalised_without_it() 
         plain
     );
 }
+
+#[test]
+fn a_sampling_read_from_json_is_checked_as_a_built_one_is() {
+    let ok: Sampling =
+        serde_json::from_str(r#"{"Random":{"temperature":0.7,"top_k":null,"top_p":null}}"#)
+            .unwrap();
+    assert_eq!(ok, Sampling::new(0.7, None, None, None).unwrap());
+    assert_eq!(
+        serde_json::from_str::<Sampling>(r#""Greedy""#).unwrap(),
+        Sampling::Greedy
+    );
+    // The same JSON round-trips.
+    assert_eq!(
+        serde_json::from_str::<Sampling>(&serde_json::to_string(&ok).unwrap()).unwrap(),
+        ok
+    );
+    for bad in [
+        r#"{"Random":{"temperature":-1.0,"top_k":null,"top_p":null}}"#,
+        r#"{"Random":{"temperature":0.0,"top_k":null,"top_p":null}}"#,
+        r#"{"Random":{"temperature":1.0,"top_k":null,"top_p":1.5}}"#,
+        r#"{"Random":{"temperature":1.0,"top_k":null,"top_p":null,"min_p":2.0}}"#,
+    ] {
+        let err = serde_json::from_str::<Sampling>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("temperature") || err.contains("top_p") || err.contains("min_p"),
+            "{bad}: {err}"
+        );
+    }
+}

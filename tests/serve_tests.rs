@@ -456,6 +456,19 @@ fn rollouts_answer_in_the_export_schema() {
         &json!({"task": "calc", "prompts": 2, "max_step_tokens": 12, "turns": 1, "seed": 5}),
     ));
     assert_eq!(again["trajectories"], got["trajectories"]);
+    // Every search field left out is the library's default (`TreeOptions::default`),
+    // as the CLI's flags and Python's keywords are.
+    let defaults = treegrpo::rollout::TreeOptions {
+        max_step_tokens: 12,
+        seed: 5,
+        ..Default::default()
+    }
+    .config()
+    .unwrap();
+    assert_eq!(
+        again["summary"]["config"],
+        serde_json::to_value(&defaults).unwrap()
+    );
     wait_until_idle(&f.server);
 }
 

@@ -79,7 +79,7 @@ fn main() {
 /// matrix, rows as given by the third argument or the usual list.
 fn int8_rows(q41: &PackedMatrix, rows_list: &[usize], out: usize, inp: usize) {
     let m = treegrpo::model::kernels::Int8Matrix::from_packed(q41).unwrap();
-    let name = if treegrpo::model::kernels::int8::vnni_available() {
+    let name = if treegrpo::model::kernels::vnni_available() {
         "vnni"
     } else {
         "int8-scalar"

@@ -51,7 +51,7 @@ pub(crate) fn tree_config(
         keep,
         chains,
         selection: parse::<Selection>("select", select)?,
-        temperature: temperature as f32,
+        temperature: crate::sampling::narrow("temperature", temperature)?,
         max_step_tokens,
         seed,
         branch_sampling: branch_sampling.map(str::to_string),

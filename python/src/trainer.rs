@@ -7,16 +7,14 @@
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use candle_core::DType;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use treegrpo::closed_loop::{
     LoopConfig, LoopError, LoopEvent, LoopOutcome, RunSource, StopSignal, TrainRun,
 };
-use treegrpo::env::Split;
-use treegrpo::model::kernels::WeightFormat;
-use treegrpo::train::{KlReference, Optimizer, Params};
+use treegrpo::env::{Environment, QaSample, Split};
+use treegrpo::train::{Optimizer, Params};
 
 use crate::convert;
 use crate::engine::PyEngine;
@@ -31,6 +29,7 @@ fn loop_error(e: LoopError) -> PyErr {
         LoopError::Engine(e) => engine_error(e),
         LoopError::Env(e) => env_error(e),
         LoopError::Config(m) => value_error(m),
+        LoopError::Settings(e) => value_error(e.to_string()),
         // The folder holds a run: `resume()` it, or pass `overwrite=True`.
         e @ LoopError::RunExists(_) => {
             pyo3::exceptions::PyFileExistsError::new_err(crate::errors::error_chain(&e))
@@ -38,6 +37,66 @@ fn loop_error(e: LoopError) -> PyErr {
         // The message and its causes (an I/O error names its path, then its cause).
         e => PyRuntimeError::new_err(crate::errors::error_chain(&e)),
     }
+}
+
+/// `base` with the settings Python names by strings, each parsed by the library's
+/// rule: the advantage (absent: the one the search implies), the treatment of boosted
+/// tokens, the served format and the KL reference (`start` keeps a frozen copy of the
+/// starting weights in `out_dir/reference/`, read back by `resume`).
+fn named_settings(
+    base: LoopConfig,
+    advantage: Option<&str>,
+    boosted_tokens: &str,
+    serve_format: &str,
+    kl_reference: &str,
+) -> PyResult<LoopConfig> {
+    Ok(LoopConfig {
+        advantage: match advantage {
+            Some(a) => parse("advantage", a)?,
+            None => base.advantage,
+        },
+        boosted_tokens: parse("boosted_tokens", boosted_tokens)?,
+        serve_format: treegrpo::train::serving::served_format(serve_format).map_err(value_error)?,
+        kl_reference: kl_reference.parse().map_err(value_error)?,
+        ..base
+    })
+}
+
+/// The environment with its training and test samples (`sets`: train, then test).
+fn train_and_test(
+    env: &Bound<'_, PyAny>,
+    sets: &[SampleSet<'_, '_>; 2],
+    max_turns: usize,
+    env_timeout: f64,
+    event_loop: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(Arc<dyn Environment>, Vec<QaSample>, Vec<QaSample>)> {
+    let (env, mut samples) = environment(env, sets, max_turns, env_timeout, event_loop)?;
+    let test = samples.pop().unwrap_or_default();
+    let train = samples.pop().unwrap_or_default();
+    Ok((env, train, test))
+}
+
+/// The samples a split takes: those given, or the task's own (the first `count`).
+fn sample_set<'a, 'py>(
+    given: Option<&'a Bound<'py, PyAny>>,
+    split: Split,
+    count: usize,
+) -> SampleSet<'a, 'py> {
+    match given {
+        Some(samples) => SampleSet::Given {
+            samples,
+            split,
+            offset: 0,
+        },
+        None => SampleSet::Default(split, count),
+    }
+}
+
+/// f32 trainer weights from the model the engine loaded (seconds for 135M), with
+/// the GIL released.
+fn trainable(py: Python<'_>, model: &treegrpo::model::LoadedModel) -> PyResult<Params> {
+    py.detach(|| Params::trainable(&model.model))
+        .map_err(train_error)
 }
 
 /// A training run on an engine: its weights start from the engine's model file.
@@ -112,9 +171,6 @@ impl Trainer {
         overwrite: bool,
         update_options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
-        if prompts_per_step == 0 {
-            return Err(value_error("prompts_per_step must be at least 1"));
-        }
         let tree = tree_config(
             trees,
             expand,
@@ -127,74 +183,32 @@ impl Trainer {
             temperature,
             branch_sampling,
         )?;
-        let boosted_tokens = parse("boosted_tokens", boosted_tokens)?;
-        let advantage = match advantage {
-            Some(a) => parse("advantage", a)?,
-            None => tree.default_advantage(),
-        };
-        let serve_format = match serve_format {
-            "f32" => WeightFormat::F32,
-            "bf16" => WeightFormat::Bf16,
-            other => {
-                return Err(value_error(format!(
-                    "serve_format must be \"f32\" or \"bf16\", not {other:?}"
-                )))
-            }
-        };
-        // `start` keeps a frozen copy of the starting weights (in `out_dir/reference/`,
-        // read back by `resume`) so the KL term measures the distance from them.
-        let kl_reference = match kl_reference {
-            "previous" => KlReference::Previous,
-            "start" => KlReference::Start,
-            other => {
-                return Err(value_error(format!(
-                    "kl_reference must be \"previous\" or \"start\", not {other:?}"
-                )))
-            }
-        };
-        let (optimizer, mut update) = crate::update::configs(update_options)?;
-        update.temperature = tree.sampling.logprob_temperature();
+        let (optimizer, update) = crate::update::configs(update_options)?;
+        let named = named_settings(
+            LoopConfig::new(tree, update),
+            advantage,
+            boosted_tokens,
+            serve_format,
+            kl_reference,
+        )?;
         let sets = [
-            match train {
-                Some(t) => SampleSet::Given {
-                    samples: t,
-                    split: Split::Train,
-                    offset: 0,
-                },
-                None => SampleSet::Default(Split::Train, usize::MAX),
-            },
-            match test {
-                Some(t) => SampleSet::Given {
-                    samples: t,
-                    split: Split::Test,
-                    offset: 0,
-                },
-                None => SampleSet::Default(Split::Test, eval_prompts),
-            },
+            sample_set(train, Split::Train, usize::MAX),
+            sample_set(test, Split::Test, eval_prompts),
         ];
-        let (env, mut samples) = environment(env, &sets, max_turns, env_timeout, event_loop)?;
-        let test = samples.pop().unwrap_or_default();
-        let train = samples.pop().unwrap_or_default();
+        let (env, train, test) = train_and_test(env, &sets, max_turns, env_timeout, event_loop)?;
         if eval_every > 0 && test.is_empty() {
             return Err(value_error("eval_every needs test samples"));
         }
         let config = LoopConfig {
-            step_budget: None,
-            eval_every_tokens: 0,
-            eval_before: true,
-            boosted_tokens,
             steps,
             prompts_per_step,
-            tree,
-            advantage,
             concurrent_prompts,
-            update,
             eval_every,
             eval_prompts,
             checkpoint_every,
-            serve_format,
-            kl_reference,
+            ..named
         };
+        config.check().map_err(|e| value_error(e.to_string()))?;
         // Recorded in `out_dir/run.json` as the run starts (the KL reference a resume
         // keeps is read back from it).
         let source = RunSource {
@@ -204,10 +218,7 @@ impl Trainer {
         };
         let engine = engine.engine.clone();
         let model = engine.model().clone();
-        // f32 trainer weights from the model the engine loaded (seconds for 135M).
-        let params = py
-            .detach(|| Params::from_model(&model.model, DType::F32))
-            .map_err(train_error)?;
+        let params = trainable(py, &model)?;
         let run = TrainRun::new(
             engine,
             model,
@@ -286,6 +297,20 @@ impl Trainer {
             .lock()
             .map_err(|_| PyRuntimeError::new_err("trainer lock poisoned"))?;
         Ok(guard.as_ref().map_or(0, |r| r.state.step))
+    }
+
+    /// The run's settings as the keywords resolved them, as JSON: the same document
+    /// `treegrpo train --print-config` prints for its flags.
+    #[getter]
+    fn config(&self) -> PyResult<String> {
+        let guard = self
+            .run
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("trainer lock poisoned"))?;
+        let run = guard
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("the trainer is running"))?;
+        serde_json::to_string(&run.config).map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 }
 

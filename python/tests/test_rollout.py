@@ -203,6 +203,7 @@ def test_a_built_in_task(engine):
         (dict(env=CalcTask, samples=SAMPLES, trees=0), ValueError),
         (dict(env=CalcTask, samples=SAMPLES, keep=0), ValueError),
         (dict(env=CalcTask, samples=SAMPLES, temperature=-1.0), ValueError),
+        (dict(env=CalcTask, samples=SAMPLES, temperature=1e-50), ValueError),
         (dict(env=CalcTask, samples=SAMPLES, select="best"), ValueError),
         (dict(env=CalcTask, samples=SAMPLES, advantage="magic"), ValueError),
         (dict(env=CalcTask, samples=[]), ValueError),

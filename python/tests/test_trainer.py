@@ -97,3 +97,17 @@ def test_trainer_bad_options(tmp_path):
         treegrpo.Trainer(engine, CalcTask, tmp_path / "d", kl_reference="initial", **LOOP)
     with pytest.raises(ValueError, match="eval_every needs test samples"):
         treegrpo.Trainer(engine, CalcTask, tmp_path / "c", **{**LOOP, "test": []})
+
+
+def test_a_trainer_without_keywords_has_the_clis_defaults(tmp_path, treegrpo_bin):
+    """Every run setting Python leaves at its default equals `treegrpo train` without
+    flags, which equals the library's `LoopConfig::default()` (tests/cli_tests.rs)."""
+    import subprocess
+
+    engine = treegrpo.Engine(kv_mib=64, model=TEST_MODEL)
+    with treegrpo.Trainer(engine, CalcTask, tmp_path / "run", train=SAMPLES, test=SAMPLES) as t:
+        ours = t.config
+    cli = subprocess.run(
+        [treegrpo_bin, "train", "--print-config"], check=True, capture_output=True, text=True
+    )
+    assert ours == json.loads(cli.stdout)

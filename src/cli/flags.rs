@@ -64,13 +64,13 @@ impl TaskFlags {
 #[derive(Debug, Clone, Args)]
 pub struct TreeFlags {
     /// M: trees per prompt.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = TreeOptions::default().trees)]
     pub trees: usize,
     /// N: branches per tree per expansion round.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = TreeOptions::default().expand)]
     pub expand: usize,
     /// L: expansion rounds.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = TreeOptions::default().rounds)]
     pub rounds: usize,
     /// K: leaves kept per tree at random.
     #[arg(long)]
@@ -95,16 +95,16 @@ pub struct TreeFlags {
 /// How each agent step is sampled: seed, temperature, its length, the turn limit.
 #[derive(Debug, Clone, Args)]
 pub struct StepFlags {
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = TreeOptions::default().seed)]
     pub seed: u64,
     /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = TreeOptions::default().temperature)]
     pub temperature: f32,
     /// Most tokens per agent step.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = TreeOptions::default().max_step_tokens)]
     pub max_step_tokens: usize,
     /// Tool turns before the forced answer turn.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = treegrpo::env::EnvConfig::default().max_turns)]
     pub turns: usize,
 }
 
@@ -138,39 +138,39 @@ pub fn kv_budget_bytes(kv_mib: Option<usize>) -> usize {
 pub struct UpdateFlags {
     #[arg(long, default_value = "adamw")]
     pub optimizer: OptimizerKind,
-    #[arg(long, default_value_t = 1e-6)]
+    #[arg(long, default_value_t = OptimizerConfig::default().lr)]
     pub lr: f64,
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = OptimizerConfig::default().weight_decay)]
     pub weight_decay: f64,
     /// Warm-up steps of a linear learning-rate ramp (0: constant).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = OptimizerConfig::default().warmup_steps)]
     pub warmup_steps: u64,
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = LossConfig::default().clip_low)]
     pub clip_low: f64,
-    #[arg(long, default_value_t = 0.2)]
+    #[arg(long, default_value_t = LossConfig::default().clip_high)]
     pub clip_high: f64,
     /// Dual-clip bound for negative advantages.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = LossConfig::default().clip_c)]
     pub clip_c: f64,
     #[arg(long, default_value = "token-mean")]
     pub loss_agg: LossAgg,
     /// k3 KL coefficient (the reference is the model before the update).
-    #[arg(long, default_value_t = 0.001)]
+    #[arg(long, default_value_t = LossConfig::default().kl_coef)]
     pub kl_coef: f64,
-    #[arg(long, default_value_t = 0.001)]
+    #[arg(long, default_value_t = LossConfig::default().entropy_coef)]
     pub entropy_coef: f64,
     /// Cap of the truncated importance weight between rollout and trainer logprobs.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = LossConfig::default().tis_cap)]
     pub tis_cap: f64,
     /// Global grad-norm clip (0: none).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = UpdateConfig::default().max_grad_norm)]
     pub max_grad_norm: f64,
     /// Forward every trajectory whole instead of each prompt's trajectories as a trie.
     #[arg(long)]
     pub no_packed: bool,
     /// Rows per micro-batch (bounds memory; gradients accumulate across them). A
     /// prompt's trie split over two micro-batches forwards its shared prefix twice.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = UpdateConfig::default().micro_batch_tokens)]
     pub micro_batch_tokens: usize,
 }
 

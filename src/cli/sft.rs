@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use candle_core::DType;
 use clap::Args;
 use treegrpo::closed_loop::{
     run_warm_start, EvalPoint, SftConfig, SftStepLog, WarmStartConfig, WarmStartEvent,
@@ -146,7 +145,7 @@ pub fn run(a: SftArgs) -> anyhow::Result<()> {
     } else {
         Some(Engine::start(model.clone(), EngineConfig::default())?)
     };
-    let params = Params::from_model(&model.model, DType::F32)?;
+    let params = Params::trainable(&model.model)?;
     let cfg = WarmStartConfig {
         task: Some(a.source.task),
         lr: a.lr,

@@ -5,8 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use candle_core::DType;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use treegrpo::advantage::AdvantageMode;
 use treegrpo::closed_loop::{
     prepare_fresh_folder, run_warm_start, BoostedTokens, LoopConfig, LoopEvent, LoopOutcome,
@@ -22,34 +21,15 @@ use treegrpo::train::{KlReference, Optimizer, Params};
 use super::flags::{TaskFlags, TreeFlags, UpdateFlags};
 use super::progress::Progress;
 
-/// How the engine holds the trainer's weights after an update.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ServeFormat {
-    /// Exactly the trainer's values (the default).
-    F32,
-    /// Rounded to bf16: half the bytes a decode step reads.
-    Bf16,
-}
-
-/// What the update's KL term compares the policy with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum KlReferenceFlag {
-    /// The policy before each update (the KL of a one-step update is 0; the default).
-    Previous,
-    /// The weights the run started from, after the warm-start, kept frozen in
-    /// DIR/reference/ (one more forward per step, and a copy of the weights).
-    Start,
-}
-
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     /// `--model` may be a `treegrpo sft` checkpoint; a resumed run takes the model
     /// its run.json names unless `--model` is given.
     #[command(flatten)]
     pub source: TaskFlags,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = LoopConfig::default().steps)]
     pub steps: u64,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = LoopConfig::default().prompts_per_step)]
     pub prompts_per_step: usize,
     #[command(flatten)]
     pub tree: TreeFlags,
@@ -75,26 +55,27 @@ pub struct TrainArgs {
     pub warm_start_lr: f64,
     /// Evaluate (greedy, test split) every K steps; always before the first and after
     /// the last.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = LoopConfig::default().eval_every)]
     pub eval_every: u64,
     /// Test questions per evaluation (0: no evaluation).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = LoopConfig::default().eval_prompts)]
     pub eval_prompts: usize,
     /// Checkpoint every K steps (always after the last).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = LoopConfig::default().checkpoint_every)]
     pub checkpoint_every: u64,
-    /// How the engine holds the trained weights.
-    #[arg(long, value_enum, default_value = "f32")]
-    pub serve: ServeFormat,
+    /// How the engine holds the trained weights: f32 (exactly the trainer's values)
+    /// or bf16 (rounded: half the bytes a decode step reads).
+    #[arg(long, default_value = "f32", value_parser = treegrpo::train::serving::served_format)]
+    pub serve: WeightFormat,
     /// The KL term's reference (`--kl-coef`): previous or start. A resumed run keeps
     /// the one it was started with.
-    #[arg(long, value_enum, default_value = "previous")]
-    pub kl_reference: KlReferenceFlag,
+    #[arg(long, default_value = "previous")]
+    pub kl_reference: KlReference,
     /// KV cache budget in MiB (default: a quarter of the available memory).
     #[arg(long)]
     pub kv_mib: Option<usize>,
     /// Most prompts grown at once (0: all).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = LoopConfig::default().concurrent_prompts)]
     pub concurrent_prompts: usize,
     /// Continue the run in DIR from its last checkpoint, with the flags it was started
     /// with (its log from there equals an uninterrupted run's); the model (unless
@@ -105,30 +86,16 @@ pub struct TrainArgs {
     /// Run folder: log.jsonl, checkpoint/, run.json, reward.svg. A folder that holds
     /// a run already is refused (its history is kept): `--resume` continues it,
     /// `--overwrite` starts over.
-    #[arg(long, required_unless_present = "resume")]
+    #[arg(long, required_unless_present_any = ["resume", "print_config"])]
     pub out: Option<PathBuf>,
+    /// Print the run's settings as the flags resolve them (JSON) and exit, without
+    /// loading or writing anything.
+    #[arg(long)]
+    pub print_config: bool,
     /// With `--out`: replace the run already in the folder (its log, checkpoints and
     /// reference weights are deleted as the new run starts).
     #[arg(long, conflicts_with = "resume")]
     pub overwrite: bool,
-}
-
-impl From<ServeFormat> for WeightFormat {
-    fn from(f: ServeFormat) -> Self {
-        match f {
-            ServeFormat::F32 => WeightFormat::F32,
-            ServeFormat::Bf16 => WeightFormat::Bf16,
-        }
-    }
-}
-
-impl From<KlReferenceFlag> for KlReference {
-    fn from(f: KlReferenceFlag) -> Self {
-        match f {
-            KlReferenceFlag::Previous => KlReference::Previous,
-            KlReferenceFlag::Start => KlReference::Start,
-        }
-    }
 }
 
 /// What the run works on: the model, the engine serving it, the task's questions.
@@ -145,6 +112,10 @@ struct Loaded {
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let config = loop_config(&a)?;
+    if a.print_config {
+        println!("{}", serde_json::to_string_pretty(&config)?);
+        return Ok(());
+    }
     let start = match &a.resume {
         Some(dir) => RunStart::resume(dir, a.source.model.clone())?,
         None => RunStart::fresh(a.source.model.clone(), a.warm_start),
@@ -172,30 +143,27 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
 /// The loop's settings from the flags, checked before anything is loaded.
 fn loop_config(a: &TrainArgs) -> anyhow::Result<LoopConfig> {
     a.update.check()?;
-    anyhow::ensure!(
-        a.prompts_per_step > 0,
-        "--prompts-per-step must be at least 1"
-    );
     let tree = a.tree.tree_config()?;
     let update = a.update.update_config(tree.sampling.logprob_temperature());
-    Ok(LoopConfig {
-        step_budget: None,
-        eval_every_tokens: 0,
-        eval_before: true,
+    let base = LoopConfig::new(tree, update);
+    let config = LoopConfig {
         boosted_tokens: a.boosted_tokens,
         steps: a.steps,
         prompts_per_step: a.prompts_per_step,
-        advantage: a.advantage.unwrap_or(tree.default_advantage()),
-        tree,
+        advantage: a.advantage.unwrap_or(base.advantage),
         concurrent_prompts: a.concurrent_prompts,
-        update,
         eval_every: a.eval_every,
         eval_prompts: a.eval_prompts,
         checkpoint_every: a.checkpoint_every,
-        serve_format: a.serve.into(),
+        serve_format: a.serve,
         // A resumed run takes the one its run.json records (`TrainRun::resume`).
-        kl_reference: a.kl_reference.into(),
-    })
+        kl_reference: a.kl_reference,
+        ..base
+    };
+    config
+        .check()
+        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.field().replace('_', "-")))?;
+    Ok(config)
 }
 
 /// Loads the model `start` names, starts the engine on it, and reads the task's data.
@@ -239,7 +207,7 @@ fn prepare(
     out: PathBuf,
 ) -> anyhow::Result<TrainRun> {
     eprintln!("preparing f32 trainer weights");
-    let params = Params::from_model(&l.model.model, DType::F32)?;
+    let params = Params::trainable(&l.model.model)?;
     let warm = if start.warm_starts_now() {
         let cfg = WarmStartConfig {
             task: Some(a.source.task),

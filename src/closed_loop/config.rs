@@ -6,11 +6,13 @@
 use super::samples::BoostedTokens;
 use crate::advantage::AdvantageMode;
 use crate::model::kernels::WeightFormat;
-use crate::rollout::TreeConfig;
+use crate::rollout::{TreeConfig, TreeOptions};
 use crate::train::{KlReference, UpdateConfig};
 
-/// How the loop runs.
-#[derive(Debug, Clone)]
+/// How the loop runs. Serialised as the settings every way in resolved (`treegrpo
+/// train --print-config`, Python's `Trainer.config`), so their defaults can be
+/// compared with [`LoopConfig::default`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct LoopConfig {
     /// Steps to reach (a resumed run continues to the same number).
     pub steps: u64,
@@ -34,6 +36,7 @@ pub struct LoopConfig {
     /// Checkpoint every this many steps (and after the last; 0: only after the last).
     pub checkpoint_every: u64,
     /// How the engine holds the trainer's weights after an update (f32, bf16, f16).
+    #[serde(serialize_with = "format_name")]
     pub serve_format: WeightFormat,
     /// The KL term's reference: the policy before each update, or the weights the run
     /// started from (kept frozen in `reference/` of the run folder, so a resumed run
@@ -53,4 +56,89 @@ pub struct LoopConfig {
     /// What the update does with tokens drawn from the tree's branch sampling
     /// (importance-corrected, or masked out of the loss).
     pub boosted_tokens: BoostedTokens,
+}
+
+impl LoopConfig {
+    /// A run of `tree`'s search with `update`, every other setting at its default
+    /// ([`LoopConfig::default`]): the advantage the search implies (step-level for
+    /// trees, group-relative for chains), and the update scoring under the search's
+    /// sampling temperature — the one place that temperature is copied, so the
+    /// trainer's logprobs are the rollout's.
+    pub fn new(tree: TreeConfig, update: UpdateConfig) -> Self {
+        let update = UpdateConfig {
+            temperature: tree.sampling.logprob_temperature(),
+            ..update
+        };
+        LoopConfig {
+            advantage: tree.default_advantage(),
+            tree,
+            update,
+            ..Self::default()
+        }
+    }
+
+    /// Refuses a run that cannot train, in the library's words (each way in names
+    /// the field its own way: [`LoopConfigError::field`]).
+    pub fn check(&self) -> Result<(), LoopConfigError> {
+        if self.prompts_per_step == 0 {
+            return Err(LoopConfigError::NoPromptsPerStep);
+        }
+        Ok(())
+    }
+}
+
+impl Default for LoopConfig {
+    /// The defaults of every way in (`treegrpo train` without flags, Python's
+    /// `Trainer` without keywords): four steps of eight prompts on the reference
+    /// scripts' (2, 2, 1) trees ([`TreeOptions::default`]), the default update,
+    /// evaluations before and after on 20 test prompts, a checkpoint every step,
+    /// f32 served weights, the KL against the previous policy.
+    fn default() -> Self {
+        let tree = TreeOptions::default()
+            .config()
+            .expect("the default search is valid");
+        LoopConfig {
+            steps: 4,
+            prompts_per_step: 8,
+            advantage: tree.default_advantage(),
+            update: UpdateConfig {
+                temperature: tree.sampling.logprob_temperature(),
+                ..UpdateConfig::default()
+            },
+            tree,
+            concurrent_prompts: 16,
+            eval_every: 0,
+            eval_prompts: 20,
+            checkpoint_every: 1,
+            serve_format: WeightFormat::F32,
+            kl_reference: KlReference::Previous,
+            step_budget: None,
+            eval_every_tokens: 0,
+            eval_before: true,
+            boosted_tokens: BoostedTokens::Corrected,
+        }
+    }
+}
+
+/// A served format by the name every way in spells it (`f32`, `bf16`; see
+/// [`served_format`](crate::train::serving::served_format)).
+fn format_name<S: serde::Serializer>(format: &WeightFormat, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{format:?}").to_string().to_lowercase())
+}
+
+/// A training run that cannot train, named by its field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LoopConfigError {
+    /// No prompts per step.
+    #[error("prompts_per_step must be at least 1")]
+    NoPromptsPerStep,
+}
+
+impl LoopConfigError {
+    /// The setting at fault (the field's name; the CLI spells it as a flag).
+    pub fn field(&self) -> &'static str {
+        match self {
+            LoopConfigError::NoPromptsPerStep => "prompts_per_step",
+        }
+    }
 }

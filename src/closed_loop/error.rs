@@ -21,6 +21,9 @@ pub enum LoopError {
     /// The inference engine failed (loading it, or swapping in the new weights).
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The run's settings cannot train ([`LoopConfig::check`](super::LoopConfig::check)).
+    #[error(transparent)]
+    Settings(#[from] super::config::LoopConfigError),
     /// The environment or its data could not be built.
     #[error(transparent)]
     Env(#[from] EnvError),

@@ -34,7 +34,7 @@ pub mod start;
 pub mod step_rollout;
 pub mod warm;
 
-pub use config::LoopConfig;
+pub use config::{LoopConfig, LoopConfigError};
 pub use error::LoopError;
 pub use eval::{evaluate, Evaluation, QuestionReward};
 pub use folder::{checkpoint_dir, prepare_fresh_folder, reference_dir, resumable};

@@ -145,9 +145,10 @@ impl TrainRun {
         config: LoopConfig,
         out: PathBuf,
     ) -> Result<Self, LoopError> {
-        if train.is_empty() || config.prompts_per_step == 0 {
+        config.check()?;
+        if train.is_empty() {
             return Err(LoopError::Config(
-                "training needs prompts: the split is empty or --prompts-per-step is 0".into(),
+                "training needs prompts: the training split is empty".into(),
             ));
         }
         std::fs::create_dir_all(&out).map_err(|e| LoopError::Io(out.clone(), e))?;

@@ -11,8 +11,6 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use candle_core::DType;
-
 use super::arm::Arm;
 use super::error::CompareError;
 use super::plan::{run_dir, warm_start_dir, ComparePlan};
@@ -130,7 +128,7 @@ async fn shared_start(
         crate::model::fetch::model_path_or_default(plan.model.as_deref(), &mut |_| {})?;
     let model = Arc::new(LoadedModel::load(&model_path)?);
     let engine = engine_for(model.clone(), kv_budget_bytes)?;
-    let params = Params::from_model(&model.model, DType::F32)?;
+    let params = Params::trainable(&model.model)?;
     let eval_reward = if plan.warm_start > 0 {
         let cfg = WarmStartConfig {
             task: Some(plan.task),
@@ -200,15 +198,11 @@ fn loop_config(plan: &ComparePlan, arm: &Arm, k: usize) -> Result<LoopConfig, Co
     }
     .config()
     .map_err(|e| CompareError::Loop(crate::rollout::RolloutError::from(e).into()))?;
-    let mut update = plan.update;
-    update.temperature = tree.sampling.logprob_temperature();
     Ok(LoopConfig {
         steps: plan.steps,
         prompts_per_step: plan.prompts_per_step,
-        tree,
         advantage: arm.advantage,
         concurrent_prompts: plan.concurrent_prompts,
-        update,
         eval_every: 0,
         eval_prompts: plan.eval_prompts,
         checkpoint_every: 1,
@@ -219,6 +213,7 @@ fn loop_config(plan: &ComparePlan, arm: &Arm, k: usize) -> Result<LoopConfig, Co
         // The shared start's evaluation is every run's first point.
         eval_before: false,
         boosted_tokens: arm.boosted_tokens,
+        ..LoopConfig::new(tree, plan.update)
     })
 }
 
@@ -258,7 +253,7 @@ async fn run_one(
     let model = Arc::new(LoadedModel::load(&warm)?);
     let inputs = task_inputs(plan)?;
     let engine = engine_for(model.clone(), kv_budget_bytes)?;
-    let params = Params::from_model(&model.model, DType::F32)?;
+    let params = Params::trainable(&model.model)?;
     std::fs::create_dir_all(&dir).map_err(|e| CompareError::Io(dir.clone(), e))?;
     if !resumable {
         StartRecord {

@@ -4,7 +4,6 @@
 
 use std::path::Path;
 
-use candle_core::DType;
 use serde::{Deserialize, Serialize};
 
 use super::error::CompareError;
@@ -43,19 +42,13 @@ impl StartRecord {
 /// FNV-1a over the weights' f32 bytes (see [`StartRecord::weights_fnv1a64`]).
 pub fn weights_hash(params: &Params) -> Result<String, CompareError> {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (_, var) in params.named() {
-        let values = var
-            .as_tensor()
-            .to_dtype(DType::F32)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(crate::train::TrainError::from)?;
+    params.for_each_f32(|_, values| {
         for v in values {
             for b in v.to_le_bytes() {
                 h ^= u64::from(b);
                 h = h.wrapping_mul(0x0100_0000_01b3);
             }
         }
-    }
+    })?;
     Ok(format!("{h:016x}"))
 }

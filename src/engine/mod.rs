@@ -7,7 +7,7 @@
 //! - `schedule`: one step — admission under the token, sequence and KV limits, the
 //!   forward, and what its rows mean for each sequence.
 //! - `preempt`: preemption by recompute under memory pressure (victims, restore).
-//! - `finish`: sampling a generation's next token and its stop conditions.
+//! - `next_token`: sampling a generation's next token and its stop conditions.
 //! - [`handle`]: [`Engine`], the core on its own thread behind an async API;
 //!   [`owned`]: [`OwnedSeq`], a sequence freed when the work that owns it ends or is
 //!   abandoned.
@@ -25,8 +25,8 @@ pub mod core;
 pub mod counters;
 mod death;
 pub mod error;
-mod finish;
 pub mod handle;
+mod next_token;
 pub mod owned;
 pub mod penalties;
 mod preempt;

@@ -27,8 +27,11 @@ use super::sampling_error::SamplingError;
 use crate::model::logprob::{for_each_exp, log_normaliser};
 use crate::model::TokenId;
 
-/// How to pick the next token.
+/// How to pick the next token. Read from a file (a run's `run.json`, a summary)
+/// through [`Sampling::validate`]: a value no constructor could make is refused
+/// there too, not only when built in code.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "SamplingAsWritten")]
 pub enum Sampling {
     /// Always the most likely token (ties: the lowest id).
     Greedy,
@@ -46,6 +49,41 @@ pub enum Sampling {
         #[serde(default)]
         min_p: Option<f32>,
     },
+}
+
+/// [`Sampling`]'s serialised form, read before it is checked.
+#[derive(serde::Deserialize)]
+enum SamplingAsWritten {
+    Greedy,
+    Random {
+        temperature: f32,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        #[serde(default)]
+        min_p: Option<f32>,
+    },
+}
+
+impl TryFrom<SamplingAsWritten> for Sampling {
+    type Error = SamplingError;
+    fn try_from(written: SamplingAsWritten) -> Result<Self, SamplingError> {
+        let sampling = match written {
+            SamplingAsWritten::Greedy => Sampling::Greedy,
+            SamplingAsWritten::Random {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+            } => Sampling::Random {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+            },
+        };
+        sampling.validate()?;
+        Ok(sampling)
+    }
 }
 
 impl Sampling {

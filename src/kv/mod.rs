@@ -14,7 +14,7 @@
 //!   refcounted unit, so a fork or free is O(1) in the prefix length.
 //! - [`cache`] — [`KvCache`] — storage + pool + sequences + pins: new / start (with prefix
 //!   reuse) / fork / reserve / commit / truncate / free / pin / unpin, and counters.
-//! - [`store`] — `impl KvStore for KvCache`, what the model's forward writes and reads.
+//! - [`cache_view`] — `impl KvStore for KvCache`, what the model's forward writes and reads.
 //!
 //! # Invariants
 //!
@@ -39,13 +39,13 @@
 //! operation).
 
 pub mod cache;
+pub mod cache_view;
 pub mod error;
 pub mod ids;
 pub mod pool;
 pub mod prefix;
 pub mod segment;
 pub mod storage;
-pub mod store;
 pub mod table;
 
 pub use cache::{KvCache, KvStats};

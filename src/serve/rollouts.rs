@@ -45,11 +45,11 @@ pub struct RolloutBody {
     /// … or these questions of its training split, by id.
     #[serde(default)]
     sample_ids: Option<Vec<String>>,
-    #[serde(default = "two")]
+    #[serde(default = "defaults::trees")]
     trees: usize,
-    #[serde(default = "two")]
+    #[serde(default = "defaults::expand")]
     expand: usize,
-    #[serde(default = "one")]
+    #[serde(default = "defaults::rounds")]
     rounds: usize,
     #[serde(default)]
     keep: Option<usize>,
@@ -58,12 +58,12 @@ pub struct RolloutBody {
     chains: Option<usize>,
     #[serde(default)]
     select: Option<Selection>,
-    #[serde(default = "one_f32")]
+    #[serde(default = "defaults::temperature")]
     temperature: f32,
-    #[serde(default = "step_tokens")]
+    #[serde(default = "defaults::max_step_tokens")]
     max_step_tokens: usize,
     /// Tool turns before the forced answer turn.
-    #[serde(default = "three")]
+    #[serde(default = "defaults::turns")]
     turns: usize,
     #[serde(default)]
     advantage: Option<AdvantageMode>,
@@ -77,20 +77,30 @@ pub struct RolloutBody {
     branch_sampling: Option<String>,
 }
 
-fn one() -> usize {
-    1
-}
-fn two() -> usize {
-    2
-}
-fn three() -> usize {
-    3
-}
-fn one_f32() -> f32 {
-    1.0
-}
-fn step_tokens() -> usize {
-    256
+/// The defaults of an absent field: the library's (`TreeOptions::default`,
+/// `EnvConfig::default`), as the CLI's and Python's are.
+mod defaults {
+    use crate::env::EnvConfig;
+    use crate::rollout::TreeOptions;
+
+    pub fn trees() -> usize {
+        TreeOptions::default().trees
+    }
+    pub fn expand() -> usize {
+        TreeOptions::default().expand
+    }
+    pub fn rounds() -> usize {
+        TreeOptions::default().rounds
+    }
+    pub fn temperature() -> f32 {
+        TreeOptions::default().temperature
+    }
+    pub fn max_step_tokens() -> usize {
+        TreeOptions::default().max_step_tokens
+    }
+    pub fn turns() -> usize {
+        EnvConfig::default().max_turns
+    }
 }
 
 impl RolloutBody {
@@ -102,7 +112,7 @@ impl RolloutBody {
             rounds: self.rounds,
             keep: self.keep,
             chains: self.chains,
-            selection: self.select.unwrap_or(Selection::Paper),
+            selection: self.select.unwrap_or(TreeOptions::default().selection),
             temperature: self.temperature,
             max_step_tokens: self.max_step_tokens,
             seed: self.seed,

@@ -20,17 +20,17 @@
 //!   gradients, one step, metrics.
 //! - [`reference`](mod@reference): a frozen copy of the start weights scoring the
 //!   KL's reference.
-//! - [`job`]: one update of a model file into a new checkpoint (optimiser restored),
+//! - [`checkpoint_update`]: one update of a model file into a new checkpoint (optimiser restored),
 //!   as `treegrpo update` and the Python package run it.
 //! - [`serving`]: the trainer's weights as a model the engine serves after a swap.
 //!
 //! Only `model`, `engine` and `train` touch tensors.
 
 pub mod checkpoint;
+pub mod checkpoint_update;
 pub mod decoder;
 pub mod error;
 pub mod input;
-pub mod job;
 pub mod layout;
 pub mod loss;
 pub mod native;
@@ -46,9 +46,9 @@ pub mod update;
 pub use checkpoint::{
     load_optimizer, recover_interrupted_save, restore_weights, save_checkpoint, CheckpointExtras,
 };
+pub use checkpoint_update::{update_checkpoint, UpdateReport};
 pub use decoder::{Decoder, Scores};
 pub use error::TrainError;
-pub use job::{update_checkpoint, UpdateReport};
 pub use layout::TreeLayout;
 pub use loss::{policy_loss, LossAgg, LossConfig, LossOutput, LossRow};
 pub use optim::{Optimizer, OptimizerConfig, OptimizerKind};

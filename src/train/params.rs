@@ -63,6 +63,26 @@ fn var(data: Vec<f32>, shape: &[usize], dtype: DType) -> Result<Var, TrainError>
 }
 
 impl Params {
+    /// Trainable f32 copies of `model`'s weights: the master weights every update of
+    /// the product trains (f64 copies, [`Self::from_model`], are the tests' oracle).
+    pub fn trainable(model: &Model) -> Result<Self, TrainError> {
+        Self::from_model(model, DType::F32)
+    }
+
+    /// Calls `f` with each weight's name and values as f32, in [`Self::named`] order,
+    /// one tensor at a time (a hash over the weights, a comparison).
+    pub fn for_each_f32(&self, mut f: impl FnMut(&str, &[f32])) -> Result<(), TrainError> {
+        for (name, var) in self.named() {
+            let values = var
+                .as_tensor()
+                .to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            f(&name, &values);
+        }
+        Ok(())
+    }
+
     /// Trainable copies of `model`'s weights in `dtype` (F32 or F64).
     pub fn from_model(model: &Model, dtype: DType) -> Result<Self, TrainError> {
         let c = model.config().clone();

@@ -25,6 +25,20 @@ pub enum KlReference {
     Start,
 }
 
+impl std::str::FromStr for KlReference {
+    type Err = String;
+    /// `previous` or `start`, as the CLI, Python and `run.json` spell them.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "previous" => Ok(KlReference::Previous),
+            "start" => Ok(KlReference::Start),
+            other => Err(format!(
+                "kl_reference must be \"previous\" or \"start\", not {other:?}"
+            )),
+        }
+    }
+}
+
 impl Params {
     /// An independent copy of every weight (new `Var`s holding copied tensors): the
     /// copy does not change when `self` is updated.

@@ -17,6 +17,19 @@ use candle_core::{DType, Tensor};
 use super::error::TrainError;
 use super::params::Params;
 use crate::model::kernels::WeightFormat;
+
+/// The formats the engine may serve the trainer's weights in, by the name every way
+/// in spells them: `f32` (exactly the trainer's values) or `bf16` (rounded: half the
+/// bytes a decode step reads).
+pub fn served_format(name: &str) -> Result<WeightFormat, String> {
+    match name {
+        "f32" => Ok(WeightFormat::F32),
+        "bf16" => Ok(WeightFormat::Bf16),
+        other => Err(format!(
+            "serve_format must be \"f32\" or \"bf16\", not {other:?}"
+        )),
+    }
+}
 use crate::model::Model;
 
 /// The name errors about served trainer weights carry (they have no file).

@@ -162,11 +162,15 @@ impl Harness {
             top_logprobs: 0,
             boost: None,
             sampling,
+            // At least 1: the engine refuses 0 as every way in does. (Drawn from 0 and
+            // raised, so the runs draw what they always drew: drawn from 1 instead,
+            // seed 8 fails "prefilled in part", an open lead — see issue 56's note.)
             max_new_tokens: if rng.chance(10) {
                 rng.range(20, 60)
             } else {
-                rng.range(0, 10)
+                rng.range(0, 10).max(1)
             },
+            min_tokens: 0,
             stop_tokens,
             stop_strings: Vec::new(),
             seed: vec![rng.next(), rng.next()],

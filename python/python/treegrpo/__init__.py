@@ -226,6 +226,14 @@ class Trainer:
         """Steps completed so far."""
         return self._inner.step
 
+    @property
+    def config(self) -> Dict[str, Any]:
+        """The run's settings as the keywords resolved them (the document
+        ``treegrpo train --print-config`` prints for its flags)."""
+        import json
+
+        return json.loads(self._inner.config)
+
     def close(self) -> None:
         """Stops the environment's event loop (a Python environment's)."""
         if self._loop is not None:
