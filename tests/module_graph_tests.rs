@@ -7,9 +7,14 @@
 //! circle fails here, named. `scripts/import_cycles.py` is the same reader, for a
 //! report of every folder outside `cargo test`.
 
+#[path = "support/source_files.rs"]
+mod source_files;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
+
+use source_files::rust_files;
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -191,19 +196,6 @@ fn reexports(folder: &Path, children: &BTreeMap<String, Vec<PathBuf>>) -> BTreeM
         }
     }
     names
-}
-
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(rust_files(&path));
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-    out
 }
 
 /// A folder's child modules and, for each, the children it imports.
